@@ -1,0 +1,4 @@
+"""Command line: `python -m helpers train|resume|show ...`."""
+from .cli import main
+
+raise SystemExit(main())

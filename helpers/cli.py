@@ -1,0 +1,140 @@
+"""Argument parsing and the one-line outputs of `python -m helpers`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import ConfigError, load_config
+from .record import RecordError, load_run
+
+KNOWN_ERRORS = (ConfigError, RecordError)
+
+
+def _progress(kind: str):
+    """A callback(row, total) that shows progress as a bar, JSON lines or a line per 10%."""
+    if kind == "none":
+        return None
+    if kind == "json":
+        def emit(row, total):
+            print(json.dumps({k: row[k] for k in ("step", "loss", "tokens_per_s", "step_time_ms")}), flush=True)
+        return emit
+    if kind == "bar":
+        from tqdm import tqdm
+        bar = {}
+
+        def update(row, total):
+            if "bar" not in bar:
+                bar["bar"] = tqdm(total=total, initial=row["step"] - 1, unit="step", file=sys.stderr)
+            bar["bar"].update(1)
+            bar["bar"].set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
+            if row["step"] == total:
+                bar["bar"].close()
+        return update
+
+    def log(row, total):
+        if row["step"] == total or row["step"] % max(1, total // 10) == 0:
+            print(f"step {row['step']}/{total} loss {row['loss']:.4f} {row['tokens_per_s']:.0f} tokens/s",
+                  file=sys.stderr, flush=True)
+    return log
+
+
+def fmt_bytes(n) -> str:
+    """Bytes as MiB text."""
+    return "n/a" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def one_line(summary: dict, out: str) -> str:
+    """The final one-line summary of a run."""
+    def num(key, f):
+        value = summary.get(key)
+        return "n/a" if value is None else format(value, f)
+    mfu = summary.get("mfu")
+    return (f"{summary.get('status')} · {summary.get('steps')} steps · loss {num('loss_first', '.3f')}→"
+            f"{num('loss_last', '.3f')} · val {num('val_loss', '.3f')} (ppl {num('val_ppl', '.1f')}) · "
+            f"{num('tokens_per_s', ',.0f')} tokens/s · {num('step_time_ms', '.1f')} ms/step · "
+            f"MFU {'n/a' if mfu is None else f'{100 * mfu:.2f}%'} · peak RSS "
+            f"{fmt_bytes(summary.get('peak_memory_bytes'))} → {out}")
+
+
+def show_table(record) -> str:
+    """The summary as an aligned two-column table."""
+    s = record.summary
+    rows = [("run", str(record.path)), ("status", s.get("status")), ("reason", s.get("status_reason") or "")]
+    rows += [(k, s.get(k)) for k in ("steps", "tokens_per_s", "step_time_ms", "step_time_ms_p10",
+                                     "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share",
+                                     "peak_memory_bytes", "mfu", "peak_flops", "loss_first", "loss_last",
+                                     "val_loss", "val_ppl", "grad_norm_max", "n_params")]
+    width = max(len(k) for k, _ in rows)
+    lines = []
+    for key, value in rows:
+        if isinstance(value, float):
+            value = f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+        lines.append(f"{key:<{width}}  {value if value is not None else 'n/a'}")
+    return "\n".join(lines)
+
+
+def cmd_train(args) -> int:
+    cfg = load_config(args.config, args.set)
+    return _run(cfg, args.out, args.progress)
+
+
+def cmd_resume(args) -> int:
+    record = load_run(args.run_dir)
+    changes = {"resume_from": str(Path(args.run_dir))}
+    if args.steps:
+        changes["steps"] = args.steps
+    from .config import with_changes
+    return _run(with_changes(record.config, changes), args.run_dir, args.progress)
+
+
+def _run(cfg, out, progress) -> int:
+    from .train import Trainer
+    try:
+        outcome = Trainer(cfg, out, _progress(progress)).run()
+    except Exception as exc:
+        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__} "
+              f"(run recorded as failed in {out})", file=sys.stderr)
+        return 1
+    record = load_run(out)
+    print(one_line(record.summary, out))
+    return 0 if outcome.status == "ok" else 3
+
+
+def cmd_show(args) -> int:
+    print(show_table(load_run(args.run_dir)))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m helpers", description="MindSpore LLM-training tuning workbook")
+    sub = p.add_subparsers(dest="command", required=True)
+    default_progress = "bar" if sys.stderr.isatty() else "log"
+
+    t = sub.add_parser("train", help="train one run and write its record")
+    t.add_argument("--config", help="YAML config (defaults when omitted)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    t.add_argument("--out", required=True, help="run directory to write")
+    t.add_argument("--progress", choices=["bar", "json", "log", "none"], default=default_progress)
+    t.set_defaults(func=cmd_train)
+
+    r = sub.add_parser("resume", help="continue a run from its last checkpoint")
+    r.add_argument("run_dir")
+    r.add_argument("--steps", type=int, help="new total step count")
+    r.add_argument("--progress", choices=["bar", "json", "log", "none"], default=default_progress)
+    r.set_defaults(func=cmd_resume)
+
+    s = sub.add_parser("show", help="print a run's summary table")
+    s.add_argument("run_dir")
+    s.set_defaults(func=cmd_show)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KNOWN_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,345 @@
+"""Typed run configuration: dataclasses, YAML on disk, `key=value` overrides, one-line errors.
+
+Every knob lives here with its allowed values, so a typo or an impossible value fails before any
+training starts (and before MindSpore is imported), naming the key, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message is one actionable line."""
+
+
+def _knob(default, help: str, choices=None, ge=None, gt=None, le=None, default_factory=None):
+    meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# Model presets: `nano` is nanoGPT's CPU config (4 layers, 4 heads, d_model 128, ctx 64).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 32},
+    "nano": {"n_layer": 4, "n_head": 4, "d_model": 128, "seq_len": 64},
+    "small": {"n_layer": 6, "n_head": 6, "d_model": 384, "seq_len": 256},
+}
+
+
+@dataclass
+class ModelConfig:
+    preset: str = _knob("nano", "dims preset; explicit dims override it", choices=[*PRESETS, "custom"])
+    n_layer: int = _knob(4, "transformer blocks", ge=1)
+    n_head: int = _knob(4, "attention heads (must divide d_model)", ge=1)
+    d_model: int = _knob(128, "hidden size", ge=1)
+    seq_len: int = _knob(64, "context length in tokens", ge=1)
+    vocab_size: int = _knob(0, "0 = take the tokenizer's vocabulary size", ge=0)
+    norm: str = _knob("layernorm", "normalisation cell", choices=["layernorm", "rmsnorm"])
+    mlp: str = _knob("gelu", "feed-forward type", choices=["gelu", "swiglu"])
+    qkv: str = _knob("fused", "one Dense for q,k,v split by ops.split, or three Dense cells",
+                     choices=["fused", "separate"])
+    dropout: float = _knob(0.0, "dropout probability", ge=0.0, le=0.9)
+    bias: bool = _knob(True, "bias in Dense and LayerNorm cells")
+    build: str = _knob("", "your own network: 'pkg.module:function(cfg, vocab_size) -> nn.Cell'")
+
+
+@dataclass
+class DataConfig:
+    corpus: list[str] = _knob(None, "registry names (tinyshakespeare) or UTF-8 text file paths",
+                              default_factory=lambda: ["tinyshakespeare"])
+    tokenizer: str = _knob("char", "char (vocab from corpus), byte (256) or bpe (trained offline)",
+                           choices=["char", "byte", "bpe"])
+    vocab_size: int = _knob(512, "BPE vocabulary size (bpe only)", ge=260)
+    val_fraction: float = _knob(0.1, "last fraction of tokens held out for validation", gt=0.0, le=0.5)
+    tokenize: str = _knob("ahead", "tokenize the corpus once ahead, or in the pipeline's map op",
+                          choices=["ahead", "on_the_fly"])
+    num_parallel_workers: int = _knob(1, "workers of the map op", ge=1)
+    python_multiprocessing: bool = _knob(False, "map op in processes instead of threads")
+    order: str = _knob("shuffle_first", "shuffle window indices before the map op, or map then shuffle",
+                       choices=["map_first", "shuffle_first"])
+    shuffle_buffer: int = _knob(4096, "shuffle buffer in samples", ge=1)
+    prefetch: int = _knob(16, "pipeline prefetch size in batches", ge=1)
+    source_delay_ms: float = _knob(0.0, "sleep per sample in the source: simulates slow storage", ge=0.0)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    batch_size: int = _knob(12, "micro-batch size in sequences", ge=1)
+    grad_accum_steps: int = _knob(1, "micro-batches accumulated per optimizer step", ge=1)
+    steps: int = _knob(300, "optimizer steps", ge=1)
+    lr: float = _knob(1e-3, "peak learning rate", gt=0.0, le=1e4)
+    warmup: int = _knob(100, "linear LR warm-up in steps", ge=0)
+    schedule: str = _knob("cosine", "LR decay after warm-up", choices=["cosine", "linear", "constant"])
+    min_lr: float = _knob(1e-4, "LR at the end of the decay", ge=0.0)
+    weight_decay: float = _knob(0.1, "AdamW weight decay on matrices", ge=0.0)
+    betas: list[float] = _knob(None, "AdamW betas [beta1, beta2]", default_factory=lambda: [0.9, 0.99])
+    eps: float = _knob(1e-8, "AdamW epsilon", gt=0.0)
+    max_grad_norm: float = _knob(1.0, "clip the global gradient norm to this; 0 = no clipping", ge=0.0)
+    eval_every: int = _knob(100, "steps between validation passes; 0 = only at the end", ge=0)
+    eval_batches: int = _knob(20, "validation batches per pass", ge=1)
+    seed: int = _knob(1337, "seed for init, data order and dropout", ge=0)
+    steady_after: int = _knob(5, "first steps (compile, warm-up) left out of steady-state statistics", ge=1)
+    mode: str = _knob("graph", "MindSpore execution mode", choices=["graph", "pynative"])
+    jit_level: str = _knob("O0", "graph compile level (graph mode; pynative wraps the step in ms.jit "
+                                 "unless 'none')", choices=["none", "O0", "O1"])
+    compile_cache: bool = _knob(False, "reuse compiled graphs across processes")
+    compile_cache_path: str = _knob("", "compile cache folder; '' = data/cache/compile")
+    amp_level: str = _knob("O0", "mixed precision level", choices=["O0", "O1", "O2", "O3"])
+    amp_dtype: str = _knob("fp16", "low-precision dtype for amp_level O1-O3", choices=["fp16", "bf16"])
+    fp32_cells: list[str] = _knob(None, "cells kept in fp32 under AMP",
+                                  default_factory=lambda: ["layernorm", "softmax"])
+    loss_scale: str = _knob("none", "loss scaling", choices=["none", "static", "dynamic"])
+    loss_scale_value: float = _knob(1024.0, "static scale, or the dynamic scale's start", gt=0.0)
+    loss_scale_window: int = _knob(1000, "finite steps before the dynamic scale doubles", ge=1)
+    recompute: str = _knob("none", "recompute activations of each block in backward",
+                           choices=["none", "blocks"])
+    device_target: str = _knob("CPU", "device", choices=["CPU", "GPU", "Ascend"])
+    threads: int = _knob(0, "CPU op threads; 0 = MindSpore's default", ge=0)
+    checkpoint_every: int = _knob(0, "steps between checkpoints; 0 = only at the end", ge=0)
+    keep_checkpoints: int = _knob(2, "how many recent checkpoints to keep", ge=1)
+    resume_from: str = _knob("", "run directory or .ckpt file to continue from")
+
+
+FP32_CELL_CHOICES = ("layernorm", "softmax")
+SECTIONS = {"model": ModelConfig, "data": DataConfig}
+
+
+def _fields(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in fields(cls)}
+
+
+def all_keys() -> list[str]:
+    """Every settable key, dotted for sections (e.g. 'model.n_layer', 'batch_size')."""
+    keys = []
+    for name in _fields(Config):
+        if name in SECTIONS:
+            keys += [f"{name}.{sub}" for sub in _fields(SECTIONS[name])]
+        else:
+            keys.append(name)
+    return keys
+
+
+def _suggest(key: str) -> str:
+    keys = all_keys()
+    leaf_to_key = {k.split(".")[-1]: k for k in keys}
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if not close:
+        leaf = difflib.get_close_matches(key.split(".")[-1], list(leaf_to_key), n=1, cutoff=0.6)
+        close = [leaf_to_key[leaf[0]]] if leaf else []
+    return f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(keys)}"
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Convert a YAML/CLI value to the field's type, or raise a one-line ConfigError."""
+    origin = get_origin(typ)
+    if origin is list:
+        (item,) = get_args(typ)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()] if value.strip() else []
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={value!r} must be a list, e.g. {key}=[a, b]")
+        return [_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{key}={value!r} must be true or false")
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{key}={value!r} must be a whole number")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(f"{key}={value!r} must be a whole number") from None
+        if not number.is_integer():
+            raise ConfigError(f"{key}={value!r} must be a whole number")
+        return int(number)
+    if typ is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r} must be a number")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}={value!r} must be a number") from None
+    if typ is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}={value!r} must be a single value")
+        return "" if value is None else str(value)
+    raise ConfigError(f"{key}: unsupported type {typ}")
+
+
+def _check_range(key: str, value: Any, meta: dict) -> None:
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        by_case = {str(c).lower(): str(c) for c in choices}
+        close = ([by_case[str(value).lower()]] if str(value).lower() in by_case
+                 else difflib.get_close_matches(str(value), list(by_case.values()), n=1))
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of {', '.join(map(str, choices))}{hint}")
+    bounds = [("ge", ">=", lambda v, b: v >= b), ("gt", ">", lambda v, b: v > b),
+              ("le", "<=", lambda v, b: v <= b)]
+    for name, sign, ok in bounds:
+        bound = meta.get(name)
+        if bound is not None and not ok(value, bound):
+            raise ConfigError(f"{key}={value!r} is out of range; it must be {sign} {bound} ({meta['help']})")
+
+
+def _build(cls, data: dict, prefix: str = ""):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping of key: value, got {data!r}")
+    hints = get_type_hints(cls)
+    known = _fields(cls)
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in known:
+            raise ConfigError(f"unknown config key '{dotted}'{_suggest(dotted)}")
+        if key in SECTIONS and cls is Config:
+            section = dict(value or {})
+            if key == "model":
+                preset = section.get("preset", ModelConfig.preset)
+                if preset in PRESETS:
+                    section = {**PRESETS[preset], **section}
+            kwargs[key] = _build(SECTIONS[key], section, f"{key}.")
+            continue
+        coerced = _coerce(dotted, value, hints[key])
+        for item in coerced if isinstance(coerced, list) else [coerced]:
+            _check_range(dotted, item, known[key].metadata)
+        kwargs[key] = coerced
+    return cls(**kwargs)
+
+
+def validate(cfg: Config) -> Config:
+    """Cross-field checks that no single key can express; returns cfg or raises ConfigError."""
+    m = cfg.model
+    if m.d_model % m.n_head:
+        raise ConfigError(f"model.n_head={m.n_head} does not divide model.d_model={m.d_model}; "
+                          f"pick n_head among {[h for h in range(1, m.d_model + 1) if m.d_model % h == 0][:12]}")
+    if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
+        raise ConfigError(f"betas={cfg.betas!r} must be two numbers in [0, 1), e.g. betas=[0.9, 0.99]")
+    if cfg.min_lr > cfg.lr:
+        raise ConfigError(f"min_lr={cfg.min_lr} is above lr={cfg.lr}; set min_lr <= lr")
+    if cfg.steady_after >= cfg.steps:
+        raise ConfigError(f"steady_after={cfg.steady_after} leaves no steady window in steps={cfg.steps}; "
+                          f"raise steps or lower steady_after")
+    for cell in cfg.fp32_cells:
+        if cell not in FP32_CELL_CHOICES:
+            raise ConfigError(f"fp32_cells item {cell!r} is not allowed; choose from {', '.join(FP32_CELL_CHOICES)}")
+    if cfg.amp_level != "O0" and cfg.amp_dtype == "bf16" and cfg.device_target == "CPU":
+        raise ConfigError("amp_dtype=bf16 does not run on CPU (MindSpore's CPU MatMul/Gather kernels reject "
+                          "BFloat16); use amp_dtype=fp16 or device_target=Ascend")
+    cores = os.cpu_count() or 1
+    if cfg.data.num_parallel_workers > cores:
+        raise ConfigError(f"data.num_parallel_workers={cfg.data.num_parallel_workers} is above this machine's "
+                          f"{cores} cores (MindSpore refuses it); use at most {cores}")
+    if not cfg.data.corpus:
+        raise ConfigError("data.corpus is empty; name 'tinyshakespeare' or give text file paths")
+    if m.build and ":" not in m.build:
+        raise ConfigError(f"model.build={m.build!r} must look like 'package.module:function'")
+    return cfg
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """'a.b=value' → ('a.b', parsed YAML value)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key=value, e.g. batch_size=16")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def _nest(flat: dict[str, Any]) -> dict:
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        head, _, tail = key.partition(".")
+        if tail:
+            if head not in SECTIONS:
+                raise ConfigError(f"unknown config key '{key}'{_suggest(key)}")
+            nested.setdefault(head, {})[tail] = value
+        else:
+            nested[head] = value
+    return nested
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if key in SECTIONS and isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def from_dict(data: dict | None, overrides: dict[str, Any] | list[str] | None = None) -> Config:
+    """Build and validate a Config from a (nested) dict plus flat dotted overrides."""
+    data = dict(data or {})
+    if isinstance(overrides, list):
+        overrides = dict(parse_override(o) for o in overrides)
+    data = _merge(data, _nest(dict(overrides or {})))
+    return validate(_build(Config, data))
+
+
+def load_config(path: str | os.PathLike | None = None,
+                overrides: dict[str, Any] | list[str] | None = None) -> Config:
+    """Read a YAML config (or defaults when path is None) and apply `key=value` overrides."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing YAML file to --config")
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML{where}; fix its syntax") from None
+    return from_dict(data, overrides)
+
+
+def to_dict(cfg: Config) -> dict:
+    """Plain nested dict (YAML/JSON-ready)."""
+    return dataclasses.asdict(cfg)
+
+
+def flatten(cfg: Config | dict) -> dict[str, Any]:
+    """{'model.n_layer': 4, 'batch_size': 12, ...}."""
+    data = to_dict(cfg) if isinstance(cfg, Config) else cfg
+    flat = {}
+    for key, value in data.items():
+        if key in SECTIONS and isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def diff(a: Config, b: Config) -> dict[str, tuple[Any, Any]]:
+    """Keys whose values differ: {'batch_size': (12, 16)}."""
+    fa, fb = flatten(a), flatten(b)
+    return {k: (fa[k], fb[k]) for k in fa if fa[k] != fb[k]}
+
+
+def with_changes(cfg: Config, changes: dict[str, Any]) -> Config:
+    """A validated copy of cfg with dotted changes applied."""
+    return from_dict(to_dict(cfg), changes)
+
+
+def dump(cfg: Config) -> str:
+    """YAML text of the full config."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -1,0 +1,86 @@
+"""Per-step measurements and the run summary computed from them (steady window, medians, MFU)."""
+from __future__ import annotations
+
+import math
+import resource
+import sys
+
+import numpy as np
+import psutil
+
+_PROCESS = psutil.Process()
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now (bytes); MindSpore's memory stats are zeros on CPU."""
+    return int(_PROCESS.memory_info().rss)
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+class Ema:
+    """Exponential moving average that starts at the first value (no zero bias)."""
+
+    def __init__(self, alpha: float = 0.1):
+        self.alpha, self.value = alpha, None
+
+    def update(self, x: float) -> float:
+        if not math.isfinite(x):
+            return self.value if self.value is not None else x
+        self.value = x if self.value is None else (1 - self.alpha) * self.value + self.alpha * x
+        return self.value
+
+
+def _finite(values) -> np.ndarray:
+    arr = np.array([v for v in values if v is not None], dtype=np.float64)
+    return arr[np.isfinite(arr)]
+
+
+def steady_rows(rows: list[dict], start_step: int, warmup_steps: int) -> list[dict]:
+    """Rows from `start_step + warmup_steps` on: the process's compile and warm-up steps left out."""
+    return [r for r in rows if r["step"] >= start_step + warmup_steps]
+
+
+def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_token: float,
+              peak_flops: float | None) -> dict:
+    """Speed, memory and loss figures over the steady window of the steps this process ran.
+
+    start_step: first step this process ran (1, or the step after a resumed checkpoint);
+
+    step_time_ms: median ms/step; tokens_per_s: tokens of the window / its summed step time;
+    data_wait_share: blocked-on-data time / step time; mfu: flops_per_token·tokens_per_s / peak_flops.
+    """
+    steady = steady_rows(rows, start_step, warmup_steps)
+    times = _finite(r["step_time_ms"] for r in steady)
+    waits = _finite(r["data_wait_ms"] for r in steady)
+    tokens = sum(r["tokens"] for r in steady)
+    total_ms = float(times.sum()) if times.size else 0.0
+    tokens_per_s = tokens / (total_ms / 1000.0) if total_ms > 0 else None
+    losses = [r["loss"] for r in rows if r.get("loss") is not None]
+    evals = [r for r in rows if r.get("val_loss") is not None]
+    grad_norms = _finite(r.get("grad_norm") for r in rows)
+    first_row = next((r for r in rows if r["step"] == start_step), {})
+    return {
+        "steps": rows[-1]["step"] if rows else 0,
+        "tokens_per_s": tokens_per_s,
+        "step_time_ms": float(np.median(times)) if times.size else None,
+        "step_time_ms_p10": float(np.percentile(times, 10)) if times.size else None,
+        "step_time_ms_p90": float(np.percentile(times, 90)) if times.size else None,
+        "warmup_steps": warmup_steps,
+        "steady_window": [steady[0]["step"], steady[-1]["step"]] if steady else None,
+        "compile_s": first_row["step_time_ms"] / 1000.0 if first_row else None,
+        "data_wait_share": float(waits.sum()) / total_ms if total_ms > 0 else None,
+        "peak_memory_bytes": peak_rss_bytes(),
+        "mfu": (flops_per_token * tokens_per_s / peak_flops) if (tokens_per_s and peak_flops) else None,
+        "peak_flops": peak_flops,
+        "flops_per_token": flops_per_token,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "val_loss": evals[-1]["val_loss"] if evals else None,
+        "val_ppl": evals[-1]["val_ppl"] if evals else None,
+        "grad_norm_max": float(grad_norms.max()) if grad_norms.size else None,
+    }

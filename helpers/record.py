@@ -1,0 +1,190 @@
+"""The run record: one directory per run, the only thing notebooks, reports and comparisons read.
+
+Layout: config.yaml, metrics.csv (one row per step), summary.json, env.json, tokenizer.json, checkpoints/.
+Every file is written whole to a temp name and renamed, so a killed run never leaves a half file; a run
+that died while `status` was still `running` is reported as `interrupted` by `load_run`.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import Config, from_dict
+
+CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, ENV_FILE = "config.yaml", "metrics.csv", "summary.json", "env.json"
+
+METRIC_COLUMNS = ["step", "step_time_ms", "data_wait_ms", "tokens", "tokens_per_s", "loss", "loss_ema",
+                  "grad_norm", "loss_scale", "overflow", "lr", "rss_bytes", "device_memory_bytes",
+                  "val_loss", "val_ppl"]
+
+SUMMARY_KEYS = ["status", "status_reason", "steps", "tokens_per_s", "step_time_ms", "step_time_ms_p10",
+                "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share", "peak_memory_bytes",
+                "mfu", "peak_flops", "loss_first", "loss_last", "val_loss", "val_ppl", "grad_norm_max"]
+
+
+class RecordError(ValueError):
+    """A run directory that cannot be read; one actionable line."""
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write text to path via a temp file in the same folder + os.replace (never a half file)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; records are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if hasattr(value, "item"):
+        return _json_safe(value.item())
+    return value
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """JSON (NaN/Inf written as null) via atomic_write_text."""
+    atomic_write_text(path, json.dumps(_json_safe(data), indent=2, sort_keys=False) + "\n")
+
+
+def rows_to_csv(rows: list[dict], columns: list[str] = METRIC_COLUMNS) -> str:
+    """CSV text of metric rows; missing values are empty cells."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    return buf.getvalue()
+
+
+def read_metric_rows(path: Path) -> list[dict]:
+    """metrics.csv → list of dicts with floats (empty cells → None, 'step' → int)."""
+    rows = []
+    with open(path, encoding="utf-8", newline="") as fh:
+        for raw in csv.DictReader(fh):
+            row = {k: (float(v) if v not in ("", None) else None) for k, v in raw.items()}
+            row["step"] = int(row["step"])
+            rows.append(row)
+    return rows
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class RunRecord:
+    """A loaded run: config, per-step metrics (list of dict rows), summary, environment."""
+    path: Path
+    config: Config
+    metrics: list[dict]
+    summary: dict
+    env: dict
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return self.summary.get("status", "unknown")
+
+    def frame(self):
+        """Metrics as a pandas DataFrame (imported lazily: plotting code wants it, the trainer does not)."""
+        import pandas as pd
+        return pd.DataFrame(self.metrics, columns=METRIC_COLUMNS)
+
+    def checkpoints(self) -> list[Path]:
+        """Checkpoint files, oldest first."""
+        return sorted((self.path / "checkpoints").glob("step_*.ckpt"))
+
+
+def load_run(run_dir: str | os.PathLike) -> RunRecord:
+    """Read a run directory. A run whose process died mid-way reads as status 'interrupted'."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise RecordError(f"run directory {str(path)!r} does not exist; pass the --out folder of a training run")
+    missing = [n for n in (CONFIG_FILE, SUMMARY_FILE) if not (path / n).is_file()]
+    if missing:
+        raise RecordError(f"{str(path)!r} is not a run record (missing {', '.join(missing)}); "
+                          f"pass the --out folder of a training run")
+    try:
+        config = from_dict(yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8")))
+        summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
+        env = json.loads((path / ENV_FILE).read_text(encoding="utf-8")) if (path / ENV_FILE).is_file() else {}
+    except (ValueError, yaml.YAMLError) as exc:
+        raise RecordError(f"run record {str(path)!r} is unreadable ({exc}); it was not written by this tool") \
+            from None
+    metrics = read_metric_rows(path / METRICS_FILE) if (path / METRICS_FILE).is_file() else []
+    if summary.get("status") == "running" and not _pid_alive(summary.get("pid")):
+        summary = {**summary, "status": "interrupted",
+                   "status_reason": f"the training process (pid {summary.get('pid')}) ended without finishing; "
+                                    f"resume with: python -m helpers resume {path}"}
+    return RunRecord(path=path, config=config, metrics=metrics, summary=summary, env=env)
+
+
+class RecordWriter:
+    """Writes a run record as training goes; every write is atomic."""
+
+    def __init__(self, run_dir: str | os.PathLike, flush_every_s: float = 5.0):
+        self.path = Path(run_dir)
+        self.rows: list[dict] = []
+        self.flush_every_s = flush_every_s
+        self._last_flush = 0.0
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / "checkpoints").mkdir(exist_ok=True)
+        except OSError as exc:
+            raise RecordError(f"cannot create run directory {str(self.path)!r} ({exc.strerror}); "
+                              f"choose a writable --out folder") from None
+        if not os.access(self.path, os.W_OK):
+            raise RecordError(f"run directory {str(self.path)!r} is not writable; choose a writable --out folder")
+
+    def start(self, cfg_yaml: str, env: dict, summary: dict) -> None:
+        """Write config, env and a 'running' summary; an earlier attempt's summary moves to history/."""
+        old = self.path / SUMMARY_FILE
+        if old.is_file():
+            history = self.path / "history"
+            history.mkdir(exist_ok=True)
+            os.replace(old, history / f"summary_{int(old.stat().st_mtime * 1000)}.json")
+        atomic_write_text(self.path / CONFIG_FILE, cfg_yaml)
+        atomic_write_json(self.path / ENV_FILE, env)
+        self.write_summary(summary)
+
+    def write_summary(self, summary: dict) -> None:
+        atomic_write_json(self.path / SUMMARY_FILE, summary)
+
+    def add(self, row: dict, now: float) -> None:
+        self.rows.append(row)
+        if now - self._last_flush >= self.flush_every_s:
+            self.flush(now)
+
+    def flush(self, now: float = 0.0) -> None:
+        atomic_write_text(self.path / METRICS_FILE, rows_to_csv(self.rows))
+        self._last_flush = now

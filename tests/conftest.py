@@ -1,0 +1,48 @@
+"""Shared fixtures: small corpora made here (no corpus text is committed) and a CLI runner."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WORDS = ("the king shall speak and all the lords of england hear him now while "
+         "fair lady anne walks in the garden where roses bloom by the river").split()
+
+
+def make_text(n_words: int, seed: int = 0) -> str:
+    """Deterministic pseudo-English text with line breaks (learnable, not random)."""
+    import random
+    rng = random.Random(seed)
+    lines, line = [], []
+    for i in range(n_words):
+        line.append(WORDS[(i * 7 + rng.randrange(3)) % len(WORDS)])
+        if len(line) == 9:
+            lines.append(" ".join(line).capitalize() + ".")
+            line = []
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "small.txt"
+    path.write_text(make_text(20000), encoding="utf-8")
+    return path
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m helpers ARGS` in a fresh process (MindSpore's context is per process)."""
+    env = dict(os.environ, GLOG_v="3",
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, "-m", "helpers", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=env)
+
+
+def tiny_args(corpus: Path, steps: int = 30, *extra: str) -> list[str]:
+    """--set arguments for a seconds-long run of the tiny preset on `corpus`."""
+    sets = [f"data.corpus={corpus}", "model.preset=tiny", "batch_size=8", f"steps={steps}",
+            "warmup=5", "eval_every=0", "eval_batches=2", "steady_after=3", *extra]
+    return [a for s in sets for a in ("--set", s)]

@@ -1,0 +1,79 @@
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers.config import ConfigError, diff, dump, from_dict, load_config, with_changes
+from tests.conftest import REPO
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"amp_levl": "O2"}, ["amp_levl", "amp_level"]),
+    ({"n_layer": 3}, ["n_layer", "model.n_layer"]),
+    ({"batch_size": 0}, ["batch_size=0", ">= 1"]),
+    ({"lr": -1}, ["lr=-1", "> 0"]),
+    ({"model": {"seq_len": 0}}, ["model.seq_len=0", ">= 1"]),
+    ({"grad_accum_steps": 0}, ["grad_accum_steps=0"]),
+    ({"model": {"n_head": 3}}, ["n_head=3", "d_model=128"]),
+    ({"amp_level": "O4"}, ["amp_level='O4'", "O0, O1, O2, O3"]),
+    ({"amp_level": "o2"}, ["did you mean 'O2'"]),
+    ({"batch_size": "abc"}, ["batch_size='abc'", "whole number"]),
+    ({"batch_size": 2.5}, ["whole number"]),
+    ({"compile_cache": "maybe"}, ["true or false"]),
+    ({"amp_level": "O2", "amp_dtype": "bf16"}, ["bf16", "CPU", "fp16"]),
+    ({"data": {"num_parallel_workers": 999}}, ["num_parallel_workers=999", "cores"]),
+    ({"fp32_cells": ["layernorm", "gelu"]}, ["gelu", "layernorm, softmax"]),
+    ({"steady_after": 300}, ["steady_after", "steps"]),
+    ({"betas": [0.9]}, ["betas"]),
+    ({"model": {"build": "nocolon"}}, ["package.module:function"]),
+])
+def test_bad_values_fail_with_one_line_naming_key(data, words):
+    with pytest.raises(ConfigError) as err:
+        from_dict(data)
+    message = str(err.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message
+
+
+def test_presets_fill_dims_and_explicit_dims_win():
+    cfg = from_dict({"model": {"preset": "tiny", "n_layer": 3}})
+    assert (cfg.model.n_layer, cfg.model.d_model, cfg.model.seq_len) == (3, 64, 32)
+    assert from_dict({}).model.d_model == 128
+
+
+def test_overrides_parse_yaml_values_and_dotted_keys():
+    cfg = from_dict({}, ["batch_size=16", "model.norm=rmsnorm", "lr=3e-4", "fp32_cells=[softmax]",
+                         "data.corpus=a.txt,b.txt"])
+    assert cfg.batch_size == 16 and cfg.model.norm == "rmsnorm" and cfg.lr == 3e-4
+    assert cfg.fp32_cells == ["softmax"] and cfg.data.corpus == ["a.txt", "b.txt"]
+
+
+def test_yaml_round_trip_and_diff(tmp_path):
+    cfg = from_dict({"batch_size": 4, "data": {"tokenizer": "bpe"}})
+    path = tmp_path / "c.yaml"
+    path.write_text(dump(cfg))
+    again = load_config(path)
+    assert again == cfg
+    assert diff(cfg, with_changes(cfg, {"batch_size": 8})) == {"batch_size": (4, 8)}
+
+
+def test_missing_and_broken_yaml_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("batch_size: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_cli_typo_fails_fast_with_one_line():
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "helpers", "train", "--set", "amp_levl=O2", "--out", "/tmp/never"],
+                          capture_output=True, text=True, cwd=REPO)
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "amp_level" in lines[0]
+    assert elapsed < 2.0

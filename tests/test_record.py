@@ -1,0 +1,67 @@
+import json
+import os
+import signal
+
+import pytest
+
+from helpers.config import dump, from_dict
+from helpers.record import (RecordError, RecordWriter, atomic_write_text, load_run, read_metric_rows,
+                            rows_to_csv)
+
+
+def _row(step):
+    return {"step": step, "step_time_ms": 10.0, "data_wait_ms": 0.1, "tokens": 100, "tokens_per_s": 1e4,
+            "loss": 3.0 - step * 0.1, "loss_ema": 3.0, "grad_norm": 1.0, "loss_scale": 1.0, "overflow": 0,
+            "lr": 1e-3, "rss_bytes": 1000, "device_memory_bytes": None, "val_loss": None, "val_ppl": None}
+
+
+def test_record_round_trip(tmp_path):
+    cfg = from_dict({"batch_size": 3})
+    writer = RecordWriter(tmp_path / "run")
+    writer.start(dump(cfg), {"python": "3"}, {"status": "ok", "status_reason": ""})
+    for step in (1, 2, 3):
+        writer.add(_row(step), now=0.0)
+    writer.flush()
+    record = load_run(tmp_path / "run")
+    assert record.config == cfg and record.status == "ok" and record.env == {"python": "3"}
+    assert [r["step"] for r in record.metrics] == [1, 2, 3]
+    assert record.metrics[0]["device_memory_bytes"] is None
+    assert record.frame()["loss"].iloc[-1] == pytest.approx(2.7)
+
+
+def test_atomic_write_leaves_old_file_when_interrupted(tmp_path, monkeypatch):
+    target = tmp_path / "summary.json"
+    atomic_write_text(target, '{"a": 1}')
+
+    def boom(src, dst):
+        raise OSError("disk full")
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        atomic_write_text(target, '{"a": 2}')
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_dead_running_process_reads_as_interrupted(tmp_path):
+    writer = RecordWriter(tmp_path / "run")
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    writer.start(dump(from_dict({})), {}, {"status": "running", "status_reason": "", "pid": pid})
+    record = load_run(tmp_path / "run")
+    assert record.status == "interrupted" and "resume" in record.summary["status_reason"]
+
+
+def test_foreign_or_missing_directory_has_clear_error(tmp_path):
+    with pytest.raises(RecordError, match="does not exist"):
+        load_run(tmp_path / "nope")
+    (tmp_path / "foreign").mkdir()
+    with pytest.raises(RecordError, match="not a run record"):
+        load_run(tmp_path / "foreign")
+
+
+def test_csv_empty_cells_round_trip(tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_text(rows_to_csv([_row(1)]))
+    assert read_metric_rows(path)[0]["val_loss"] is None
