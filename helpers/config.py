@@ -71,9 +71,21 @@ class DataConfig:
 
 
 @dataclass
+class ParallelConfig:
+    data_parallel: int = _knob(1, "data-parallel processes started through msrun", ge=1)
+
+
+@dataclass
+class MonitorConfig:
+    grad_norm_limit: float = _knob(0.0, "grad-norm alarm threshold; 0 = off", ge=0.0)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
     batch_size: int = _knob(12, "micro-batch size in sequences", ge=1)
     grad_accum_steps: int = _knob(1, "micro-batches accumulated per optimizer step", ge=1)
     steps: int = _knob(300, "optimizer steps", ge=1)
@@ -111,7 +123,7 @@ class Config:
 
 
 FP32_CELL_CHOICES = ("layernorm", "softmax")
-SECTIONS = {"model": ModelConfig, "data": DataConfig}
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "parallel": ParallelConfig, "monitor": MonitorConfig}
 
 
 def _fields(cls) -> dict[str, dataclasses.Field]:
