@@ -91,8 +91,9 @@ def cmd_resume(args) -> int:
 
 def _run(cfg, out, progress) -> int:
     from .train import Trainer
+    trainer = Trainer(cfg, out, _progress(progress))  # an unusable --out fails here, before any record
     try:
-        outcome = Trainer(cfg, out, _progress(progress)).run()
+        outcome = trainer.run()
     except Exception as exc:
         print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__} "
               f"(run recorded as failed in {out})", file=sys.stderr)

@@ -172,7 +172,9 @@ class Trainer:
         return step
 
     def _save_checkpoint(self, step: int) -> None:
+        """Metrics first, then the checkpoint: a resume never finds a checkpoint newer than its rows."""
         import mindspore as ms
+        self.writer.flush(time.perf_counter())
         folder = self.run_dir / "checkpoints"
         final = folder / f"step_{step:06d}.ckpt"
         tmp = folder / f".tmp_step_{step:06d}.ckpt"
