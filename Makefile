@@ -4,8 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PARAMS ?=
+JS_DIR := $(VENV)/share/workbook-js
+JS_STAMP := $(JS_DIR)/.installed
 
-.PHONY: workbook test bench clean
+.PHONY: workbook test bench clean chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,10 +16,27 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
-workbook: $(STAMP)
+# Local copies of require.js and the widget HTML manager, so widgets in the HTML reports render offline.
+$(JS_STAMP): | $(STAMP)
+	@if command -v npm >/dev/null; then \
+	  rm -rf $(JS_DIR) && mkdir -p $(JS_DIR)/html-manager && cd $(JS_DIR) && \
+	  npm pack --silent @jupyter-widgets/html-manager@1.0.15 requirejs@2.3.8 >/dev/null && \
+	  tar -xzf jupyter-widgets-html-manager-1.0.15.tgz --strip-components=2 -C html-manager package/dist && \
+	  tar -xzf requirejs-2.3.8.tgz --strip-components=1 package/require.js && rm -f *.tgz && touch .installed; \
+	else echo "note: npm not found; widgets in HTML reports will need internet to render"; fi
+
+# Headless Chromium for tests/test_browser.py (Debian package; the test skips, saying why, without it).
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "note: could not install chromium; the browser test will be skipped"
+
+workbook: $(STAMP) $(JS_STAMP)
 	$(BIN)/python -m helpers workbook $(if $(PARAMS),--params $(PARAMS))
 
-test: $(STAMP)
+bench: $(STAMP)
+	$(BIN)/python bench/bench.py all
+
+test: $(STAMP) $(JS_STAMP) chromium
 	$(BIN)/python -m pytest -q
 
 clean:

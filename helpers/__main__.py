@@ -1,4 +1,4 @@
 """Command line: `python -m helpers train|resume|show ...`."""
-from .cli import main
+from helpers.cli import main  # absolute: the compile cache parses this file's imports
 
 raise SystemExit(main())

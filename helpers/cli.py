@@ -65,7 +65,7 @@ def show_table(record) -> str:
     rows += [(k, s.get(k)) for k in ("steps", "tokens_per_s", "step_time_ms", "step_time_ms_p10",
                                      "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share",
                                      "peak_memory_bytes", "mfu", "peak_flops", "loss_first", "loss_last",
-                                     "val_loss", "val_ppl", "grad_norm_max", "n_params")]
+                                     "val_loss", "val_ppl", "grad_norm_max", "comm_share", "n_params")]
     width = max(len(k) for k, _ in rows)
     lines = []
     for key, value in rows:
@@ -90,6 +90,8 @@ def cmd_resume(args) -> int:
 
 
 def _run(cfg, out, progress) -> int:
+    if cfg.parallel.data_parallel > 1:
+        return _run_msrun(cfg, out, progress)
     from .train import Trainer
     trainer = Trainer(cfg, out, _progress(progress))  # an unusable --out fails here, before any record
     try:
@@ -103,9 +105,40 @@ def _run(cfg, out, progress) -> int:
     return 0 if outcome.status == "ok" else 3
 
 
+def _run_msrun(cfg, out, progress) -> int:
+    """Data parallel: msrun starts the ranks; the merged record is read back like a one-process run's."""
+    from .msrun import train_data_parallel
+    code = train_data_parallel(cfg, out, _progress(progress))
+    try:
+        record = load_run(out)
+    except RecordError:
+        print(f"error: msrun exited {code} without a record; see {out}/msrun_logs/", file=sys.stderr)
+        return 1
+    if code != 0 or record.status not in ("ok", "nan"):
+        print(f"error: msrun exited {code}, run status {record.status} ({record.summary.get('status_reason')}); "
+              f"see {out}/msrun_logs/", file=sys.stderr)
+        return 1
+    print(one_line(record.summary, out))
+    return 0 if record.status == "ok" else 3
+
+
 def cmd_show(args) -> int:
     print(show_table(load_run(args.run_dir)))
     return 0
+
+
+def cmd_workbook(args) -> int:
+    from .workbook_run import WorkbookError, run_workbook
+    try:
+        results = run_workbook(args.params, args.out, args.notebooks)
+    except WorkbookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    failed = [r.name for r in results if r.status != "ok"]
+    if failed:
+        print(f"{len(failed)} notebook(s) failed: {', '.join(failed)} (their executed copies show the error)",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -129,6 +162,16 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="print a run's summary table")
     s.add_argument("run_dir")
     s.set_defaults(func=cmd_show)
+
+    from .workbook_run import NOTEBOOKS_DIR
+    w = sub.add_parser("workbook", help="run every notebook headless → executed copies, HTML, index.html")
+    w.add_argument("--params", help="YAML mapping of notebook parameters (papermill -f)")
+    w.add_argument("--out", help="report folder (default reports/<timestamp>; a 'latest' link goes next to it)")
+    w.add_argument("--notebooks", default=str(NOTEBOOKS_DIR), help="folder of NN_*.ipynb notebooks")
+    w.set_defaults(func=cmd_workbook)
+
+    from .eval_cli import add_commands
+    add_commands(sub, default_progress)
     return p
 
 

@@ -44,8 +44,10 @@ class ModelConfig:
     vocab_size: int = _knob(0, "0 = take the tokenizer's vocabulary size", ge=0)
     norm: str = _knob("layernorm", "normalisation cell", choices=["layernorm", "rmsnorm"])
     mlp: str = _knob("gelu", "feed-forward type", choices=["gelu", "swiglu"])
-    qkv: str = _knob("fused", "one Dense for q,k,v split by ops.split, or three Dense cells",
-                     choices=["fused", "separate"])
+    qkv: str = _knob("fused", "q,k,v projection: one Dense split by ops.Split (fused), one Dense cut by "
+                              "strided slices (fused_slice), or three Dense cells (separate)",
+                     choices=["fused", "fused_slice", "separate"])
+    dense_act: bool = _knob(False, "GELU inside the MLP's first Dense cell (Linear+activation as one Cell)")
     dropout: float = _knob(0.0, "dropout probability", ge=0.0, le=0.9)
     bias: bool = _knob(True, "bias in Dense and LayerNorm cells")
     build: str = _knob("", "your own network: 'pkg.module:function(cfg, vocab_size) -> nn.Cell'")
@@ -72,12 +74,37 @@ class DataConfig:
 
 @dataclass
 class ParallelConfig:
-    data_parallel: int = _knob(1, "data-parallel processes started through msrun", ge=1)
+    data_parallel: int = _knob(1, "data-parallel processes started through msrun; batch_size is the global "
+                                  "batch, split evenly over them", ge=1)
+    gradients_mean: bool = _knob(True, "average (true) or sum (false) the all-reduced gradients")
+    comm_fusion: str = _knob("none", "all-reduce fusion: none (MindSpore's default), size (buckets of "
+                                     "fusion_size_mb) or index (split at fusion_indices)",
+                             choices=["none", "size", "index"])
+    fusion_size_mb: int = _knob(32, "bucket size for comm_fusion=size, in MB", ge=1)
+    fusion_indices: list[int] = _knob(None, "parameter indices where comm_fusion=index starts a new "
+                                            "all-reduce, increasing", default_factory=list)
+    master_port: int = _knob(0, "msrun master port; 0 = pick a free one", ge=0, le=65535)
+    comm_profile_steps: int = _knob(5, "steps after warm-up profiled to measure all-reduce time; 0 = off",
+                                    ge=0)
 
 
 @dataclass
 class MonitorConfig:
     grad_norm_limit: float = _knob(0.0, "grad-norm alarm threshold; 0 = off", ge=0.0)
+    grad_norm_action: str = _knob("log", "on a grad-norm alarm: log it; clip at the limit from step 1; "
+                                  "scale the LR of later steps by lr_factor; or stop the run",
+                                  choices=["log", "clip", "lower_lr", "stop"])
+    lr_factor: float = _knob(0.5, "LR multiplier applied per lower_lr alarm", gt=0.0, le=1.0)
+    spike_ratio: float = _knob(0.25, "loss spike: loss above its running EMA by this fraction", gt=0.0)
+    memory_window: int = _knob(50, "steps in the RSS-slope window of the memory-growth alarm", ge=5)
+    memory_slope_limit: float = _knob(262144.0, "memory-growth alarm: RSS slope in bytes/step; 0 = off", ge=0.0)
+    overfit_evals: int = _knob(3, "overfit alarm: val PPL rising over this many evals while train loss falls",
+                               ge=2)
+    throughput_window: int = _knob(20, "steps over which loss drop per 1k tokens is measured", ge=2)
+    callbacks: list[str] = _knob(None, "your callbacks: 'pkg.module:factory', factory(cfg) -> fn(row) -> "
+                                       "alarm text or None", default_factory=list)
+    profile_steps: int = _knob(0, "steps profiled by MindSpore's profiler; 0 = off", ge=0)
+    profile_start: int = _knob(0, "first profiled step; 0 = the first steady step (steady_after + 1)", ge=0)
 
 
 @dataclass
@@ -257,9 +284,38 @@ def validate(cfg: Config) -> Config:
                           f"{cores} cores (MindSpore refuses it); use at most {cores}")
     if not cfg.data.corpus:
         raise ConfigError("data.corpus is empty; name 'tinyshakespeare' or give text file paths")
+    _validate_parallel(cfg, cores)
+    for cb in cfg.monitor.callbacks:
+        if ":" not in cb:
+            raise ConfigError(f"monitor.callbacks item {cb!r} must look like 'package.module:factory'")
+    mon = cfg.monitor
+    if mon.profile_steps:
+        first = mon.profile_start or cfg.steady_after + 1
+        if first + mon.profile_steps - 1 > cfg.steps:
+            raise ConfigError(f"the profile window (steps {first}..{first + mon.profile_steps - 1}) ends after "
+                              f"steps={cfg.steps}; raise steps to >= {first + mon.profile_steps - 1} (more leaves "
+                              f"unprofiled steps to measure the profiler's overhead) or lower monitor.profile_steps")
     if m.build and ":" not in m.build:
         raise ConfigError(f"model.build={m.build!r} must look like 'package.module:function'")
     return cfg
+
+
+def _validate_parallel(cfg: Config, cores: int) -> None:
+    p = cfg.parallel
+    if p.data_parallel == 1:
+        return
+    if cfg.batch_size % p.data_parallel:
+        raise ConfigError(f"batch_size={cfg.batch_size} (the global batch) does not split evenly over "
+                          f"parallel.data_parallel={p.data_parallel} processes; use a multiple of "
+                          f"{p.data_parallel}, e.g. batch_size={max(1, cfg.batch_size // p.data_parallel) * p.data_parallel}")
+    if cfg.device_target == "CPU" and p.data_parallel > cores:
+        raise ConfigError(f"parallel.data_parallel={p.data_parallel} is above this machine's {cores} cores "
+                          f"(each process needs a core); use parallel.data_parallel<={cores}")
+    if p.comm_fusion == "index" and (not p.fusion_indices
+                                     or any(b <= a for a, b in zip(p.fusion_indices, p.fusion_indices[1:]))
+                                     or p.fusion_indices[0] < 1):
+        raise ConfigError(f"parallel.fusion_indices={p.fusion_indices} must be increasing parameter indices "
+                          f">= 1 for parallel.comm_fusion=index, e.g. parallel.fusion_indices=[5, 10]")
 
 
 def parse_override(item: str) -> tuple[str, Any]:

@@ -407,8 +407,21 @@ class _TokenizeWindow:
             span *= 2
 
 
-def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0):
+class _RankRows:
+    """Batch map op for data parallel: keep rank r's contiguous rows [r*b, (r+1)*b) of the global batch."""
+
+    def __init__(self, rank: int, rows: int):
+        self.start, self.stop = rank * rows, (rank + 1) * rows
+
+    def __call__(self, x, y):
+        return x[self.start:self.stop], y[self.start:self.stop]
+
+
+def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, shard: tuple[int, int] | None = None):
     """MindSpore dataset of (x, y) int32 [batch_size, seq_len] batches, y = x shifted by one token.
+
+    shard=(rank, n): data parallel; every rank draws the same global batches and keeps its contiguous
+    batch_size/n rows, so the n shards of a step together are exactly the single-process batch.
 
     Yields cfg.steps * cfg.grad_accum_steps batches minus `skip_batches` (already consumed ones, on
     resume), cycling through the windows as many epochs as needed. Sets MindSpore's global dataset seed
@@ -447,6 +460,9 @@ def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0):
 
     pipe = to_xy(shuffle(source)) if data.order == "shuffle_first" else shuffle(to_xy(source))
     pipe = pipe.batch(batch, drop_remainder=True)
+    if shard is not None:
+        pipe = pipe.map(operations=_RankRows(shard[0], batch // shard[1]), input_columns=["x", "y"],
+                        output_columns=["x", "y"])
     return pipe.skip(skip_batches) if skip_batches else pipe
 
 

@@ -49,8 +49,8 @@ class CausalSelfAttention(nn.Cell):
         super().__init__()
         d = cfg.d_model
         self.n_head, self.head_dim = cfg.n_head, d // cfg.n_head
-        self.fused = cfg.qkv == "fused"
-        if self.fused:
+        self.mode = cfg.qkv
+        if cfg.qkv != "separate":
             self.qkv = _dense(d, 3 * d, cfg.bias, 0.02)
             self.split = ops.Split(axis=-1, output_num=3)
         else:
@@ -72,8 +72,11 @@ class CausalSelfAttention(nn.Cell):
 
     def construct(self, x):
         b, s, d = x.shape
-        if self.fused:
+        if self.mode == "fused":
             q, k, v = self.split(self.qkv(x))
+        elif self.mode == "fused_slice":  # the slow variant the profiler exposes (StridedSlice)
+            qkv = self.qkv(x)
+            q, k, v = qkv[:, :, :d], qkv[:, :, d:2 * d], qkv[:, :, 2 * d:]
         else:
             q, k, v = self.q(x), self.k(x), self.v(x)
         q, k, v = self._heads(q, b, s), self._heads(k, b, s), self._heads(v, b, s)
@@ -97,6 +100,11 @@ class MLP(nn.Cell):
             self.gate = _dense(d, hidden, False, 0.02)
             self.up = _dense(d, hidden, False, 0.02)
             self.act = nn.SiLU()
+        elif cfg.dense_act:
+            hidden = 4 * d
+            self.up = nn.Dense(d, hidden, weight_init=Normal(0.02), bias_init="zeros", has_bias=cfg.bias,
+                               activation=nn.GELU(approximate=False))
+            self.act = None
         else:
             hidden = 4 * d
             self.up = _dense(d, hidden, cfg.bias, 0.02)
@@ -105,7 +113,10 @@ class MLP(nn.Cell):
         self.drop = nn.Dropout(p=cfg.dropout) if cfg.dropout > 0 else None
 
     def construct(self, x):
-        h = self.act(self.gate(x)) * self.up(x) if self.swiglu else self.act(self.up(x))
+        if self.swiglu:
+            h = self.act(self.gate(x)) * self.up(x)
+        else:
+            h = self.up(x) if self.act is None else self.act(self.up(x))
         out = self.down(h)
         return self.drop(out) if self.drop is not None else out
 

@@ -24,11 +24,13 @@ CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, ENV_FILE = "config.yaml", "metrics.csv"
 
 METRIC_COLUMNS = ["step", "step_time_ms", "data_wait_ms", "tokens", "tokens_per_s", "loss", "loss_ema",
                   "grad_norm", "loss_scale", "overflow", "lr", "rss_bytes", "device_memory_bytes",
-                  "val_loss", "val_ppl"]
+                  "val_loss", "val_ppl", "loss_drop_per_ktok", "alarms"]
+TEXT_COLUMNS = {"alarms"}  # read back as text, not numbers
 
 SUMMARY_KEYS = ["status", "status_reason", "steps", "tokens_per_s", "step_time_ms", "step_time_ms_p10",
                 "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share", "peak_memory_bytes",
-                "mfu", "peak_flops", "loss_first", "loss_last", "val_loss", "val_ppl", "grad_norm_max"]
+                "mfu", "peak_flops", "loss_first", "loss_last", "val_loss", "val_ppl", "grad_norm_max",
+                "comm_share"]
 
 
 class RecordError(ValueError):
@@ -83,7 +85,7 @@ def read_metric_rows(path: Path) -> list[dict]:
     rows = []
     with open(path, encoding="utf-8", newline="") as fh:
         for raw in csv.DictReader(fh):
-            row = {k: (float(v) if v not in ("", None) else None) for k, v in raw.items()}
+            row = {k: (None if v in ("", None) else v if k in TEXT_COLUMNS else float(v)) for k, v in raw.items()}
             row["step"] = int(row["step"])
             rows.append(row)
     return rows

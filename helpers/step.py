@@ -36,6 +36,14 @@ def _reset_tensor(acc):
     return ops.assign(acc, ops.zeros_like(acc))
 
 
+def _grad_reducer(parameters) -> nn.Cell:
+    """All-reduce of the gradients in DATA_PARALLEL mode (as nn.TrainOneStepCell does), else identity."""
+    from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
+    if _get_parallel_mode() != ms.ParallelMode.DATA_PARALLEL:
+        return nn.Identity()
+    return nn.DistributedGradReducer(parameters, _get_gradients_mean(), _get_device_num())
+
+
 class _Update(nn.Cell):
     """Shared update: unscale → finite check → global norm → clip → AdamW (skipped on overflow)."""
 
@@ -53,11 +61,13 @@ class _Update(nn.Cell):
             self.scaler = amp.StaticLossScaler(scale_value if loss_scale == "static" else 1.0)
         self.addn = ops.AddN()
         self.sqrt = ops.Sqrt()
+        self.reducer = _grad_reducer(optimizer.parameters)
 
     def scale_value(self):
         return self.scaler.scale_value
 
     def apply(self, grads):
+        grads = self.reducer(grads)
         grads = self.scaler.unscale(grads)
         finite = amp.all_finite(grads) if self.check_finite else Tensor(True)
         norm = self.sqrt(self.addn(self.hyper_map(_square_sum, grads)))

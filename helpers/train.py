@@ -14,7 +14,9 @@ import numpy as np
 from . import config as config_mod
 from .config import Config, ConfigError
 from .env import REPO_ROOT, environment, peak_flops
+from .hooks import RunHooks
 from .metrics import Ema, rss_bytes, summarize
+from .monitors import effective_max_grad_norm
 from .record import RecordWriter, load_run, read_metric_rows, METRICS_FILE, SUMMARY_KEYS
 
 
@@ -111,6 +113,11 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.progress = progress
         self.writer = RecordWriter(self.run_dir)
+        self.extra_summary: dict = {}
+
+    def _configure(self) -> None:
+        """Set up MindSpore for this process (a data-parallel rank also joins its process group here)."""
+        configure_mindspore(self.cfg)
 
     def _build(self):
         import mindspore as ms
@@ -134,11 +141,22 @@ class Trainer:
         self.eval_net = LossNet(backbone, vocab)
         optimizer = make_optimizer(backbone, [lr_at(cfg, s) for s in range(1, cfg.steps + 1)],
                                    cfg.weight_decay, cfg.betas, cfg.eps)
-        self.stepper = Stepper(self.loss_net, optimizer, cfg.max_grad_norm, cfg.loss_scale,
+        self.stepper = Stepper(self.loss_net, optimizer, effective_max_grad_norm(cfg), cfg.loss_scale,
                                cfg.loss_scale_value, cfg.loss_scale_window, cfg.grad_accum_steps)
+        self.hooks = RunHooks(cfg, self.run_dir, optimizer)
         self._compile_cells(ms)
+        if cfg.amp_level != "O0":  # after the real model is built, so its init (RNG draws) matches O0 runs
+            self._audit_amp(vocab)
         self.val = [(ms.Tensor(x), ms.Tensor(y)) for x, y in val_batches(cfg, self.prep)]
         self._train_dataset = lambda skip: train_dataset(cfg, self.prep, skip_batches=skip)
+
+    def _audit_amp(self, vocab: int) -> None:
+        """Write dtype_audit.json and keep its summary for summary.json (`amp_audit`)."""
+        from .audit import audit_summary, dtype_audit, rows_as_dicts
+        from .record import atomic_write_json
+        rows = dtype_audit(self.cfg, vocab)
+        atomic_write_json(self.run_dir / "dtype_audit.json", rows_as_dicts(rows))
+        self.extra_summary["amp_audit"] = audit_summary(rows)
 
     def _compile_cells(self, ms) -> None:
         """Graph mode: jit_level per Cell. PyNative: wrap the step Cells in ms.jit unless jit_level=none."""
@@ -223,7 +241,7 @@ class Trainer:
             base["resumed_from"] = str(_resume_source(cfg.resume_from)[1])
         self.writer.start(config_mod.dump(cfg), environment(cfg.device_target, cfg.threads), base)
         try:
-            configure_mindspore(cfg)
+            self._configure()
             peak = peak_flops(cfg.device_target, "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype, cfg.threads)
             self._build()
             start = self._restore() + 1 if cfg.resume_from else 1
@@ -238,11 +256,15 @@ class Trainer:
         return outcome
 
     def _finish(self, base: dict, start_step: int, peak: float | None) -> None:
+        if hasattr(self, "hooks"):
+            self.extra_summary.update(self.hooks.finish(self.writer.rows))
         self.writer.flush()
         stats = summarize(self.writer.rows, start_step, self.cfg.steady_after,
                           getattr(self, "flops_per_token", 0.0), peak)
-        summary = {**base, **stats, "n_params": getattr(self, "n_params", None),
+        summary = {**base, **stats, **self.extra_summary, "n_params": getattr(self, "n_params", None),
                    "tokens_per_step": self.cfg.batch_size * self.cfg.grad_accum_steps * self.cfg.model.seq_len,
+                   # one process: no collective in the step; data-parallel runs get it measured by rankmerge
+                   "comm_share": 0.0 if self.cfg.parallel.data_parallel == 1 else None,
                    "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         summary.pop("pid", None)
         ordered = {k: summary.get(k) for k in SUMMARY_KEYS}
@@ -258,6 +280,7 @@ class Trainer:
             ema.update(row["loss"])
         last_good = start - 1
         for step in range(start, cfg.steps + 1):
+            self.hooks.before_step(step)
             t0 = time.perf_counter()
             loss, norm, finite, scale, wait_ms = self._one_step(batches)
             step_ms = (time.perf_counter() - t0) * 1000.0
@@ -270,11 +293,14 @@ class Trainer:
             if not bad and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps):
                 row["val_loss"] = self.evaluate()
                 row["val_ppl"] = math.exp(min(row["val_loss"], 50.0))
+            stop = self.hooks.after_row(row)
             self.writer.add(row, time.perf_counter())
             if self.progress:
                 self.progress(row, cfg.steps)
             if bad:
                 return Outcome("nan", _nan_reason(step, last_good, row["lr"], scale, bad, cfg), start)
+            if stop:
+                return Outcome("stopped", stop, start)
             last_good = step
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step != cfg.steps:
                 self._save_checkpoint(step)
