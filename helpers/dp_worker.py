@@ -15,11 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-from helpers.commprof import CommWindow
-from helpers.config import Config, load_config
+from helpers.config import Config, load_config, with_changes
 from helpers.data import train_dataset
 from helpers.metrics import peak_rss_bytes
-from helpers.record import atomic_write_json
+from helpers.profile import comm_per_step, load_profile
+from helpers.record import RecordError, atomic_write_json
 from helpers.train import Trainer
 
 
@@ -77,24 +77,27 @@ def main(argv: list[str] | None = None) -> int:
         init()  # serves the cluster until the workers finish
         return 0
     rank, size = int(os.environ["RANK_ID"]), int(os.environ["RANK_SIZE"])  # set by msrun
-    first = cfg.steady_after + 1
-    window = CommWindow(run_dir / "profile" / f"rank_{rank}", first,
-                        min(cfg.parallel.comm_profile_steps, max(0, cfg.steps - first + 1)))
+    window = min(cfg.parallel.comm_profile_steps, max(0, cfg.steps - cfg.steady_after))
+    if window and not cfg.monitor.profile_steps:  # the run's profiler window measures the collectives
+        cfg = with_changes(cfg, {"monitor.profile_steps": window})
     rows: list[dict] = []
 
     def progress(row: dict, total: int) -> None:
         rows.append({k: row[k] for k in ("step", "step_time_ms", "data_wait_ms", "loss", "grad_norm")})
-        window.after_step(row["step"])
         if rank == 0:
             print(json.dumps({k: row[k] for k in ("step", "loss", "tokens_per_s", "step_time_ms")}), flush=True)
 
     t0 = time.time()
-    outcome = RankTrainer(cfg, run_dir, rank, size, progress).run()
+    trainer = RankTrainer(cfg, run_dir, rank, size, progress)
+    outcome = trainer.run()
+    try:
+        comm = comm_per_step(load_profile(trainer.run_dir)) if cfg.monitor.profile_steps else None
+    except RecordError:  # the run stopped before its profiler window closed
+        comm = None
     rank_file(run_dir, rank).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(rank_file(run_dir, rank), {
         "rank": rank, "size": size, "status": outcome.status, "start_step": outcome.start_step,
-        "wall_s": time.time() - t0, "peak_rss_bytes": peak_rss_bytes(), "rows": rows,
-        "comm": window.stats.to_dict() if window.stats else None})
+        "wall_s": time.time() - t0, "peak_rss_bytes": peak_rss_bytes(), "rows": rows, "comm": comm})
     return 0 if outcome.status == "ok" else 3
 
 

@@ -216,6 +216,18 @@ def load_profile(run_dir) -> ProfileReport:
     return ProfileReport(**data, ops=ops)
 
 
+def comm_per_step(report: ProfileReport) -> dict:
+    """Collective ops of a profiled window: ms/step (includes waiting for the slower peer), AllReduce
+    calls/step, all op time ms/step, and the window it covers."""
+    comm = [op for op in report.ops if COMM_OP.match(op["name"])]
+    allreduce = [op["calls_per_step"] for op in comm if op["name"].lower().endswith("allreduce")]
+    return {"first_step": report.window[0], "steps": report.steps_profiled,
+            "comm_ms_per_step": sum(op["ms_per_step"] for op in comm),
+            "allreduce_calls_per_step": sum(allreduce), "op_ms_per_step": report.op_time_ms_per_step,
+            "by_op": {op["name"]: {"calls_per_step": op["calls_per_step"], "ms_per_step": op["ms_per_step"]}
+                      for op in comm}}
+
+
 def summary_keys(report: ProfileReport) -> dict:
     """The few profile figures copied into summary.json."""
     top = report.ops[0] if report.ops else {}
