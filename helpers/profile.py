@@ -216,6 +216,17 @@ def load_profile(run_dir) -> ProfileReport:
     return ProfileReport(**data, ops=ops)
 
 
+def profile_run(cfg: Config, run_dir, window: int = 20, progress: bool = True):
+    """Train `cfg` once more in its own process with a profiler window of up to `window` steady steps
+    (at most half of them, so unprofiled steps remain to measure the profiler's overhead); returns the
+    RunRecord, whose profile `load_profile(record.path)` reads."""
+    from .config import with_changes
+    from .runner import launch
+    window = max(1, min(window, (cfg.steps - cfg.steady_after) // 2))
+    cfg = with_changes(cfg, {"monitor.profile_steps": window, "monitor.profile_start": 0})
+    return launch(cfg, run_dir, progress=progress, desc="profiled")
+
+
 def comm_per_step(report: ProfileReport) -> dict:
     """Collective ops of a profiled window: ms/step (includes waiting for the slower peer), AllReduce
     calls/step, all op time ms/step, and the window it covers."""

@@ -153,13 +153,15 @@ def verdict_text(result) -> str:
 
 
 def rounds_table(rounds: list, failed_notebooks: dict[str, str] | None = None) -> pd.DataFrame:
-    """Every round: change, decision, speed-up, noise band, loss drift, memory ratio, reason; plus rows for
-    notebooks that failed before their round was recorded (decision 'failed')."""
+    """Every round: change, objective, decision, speed-up, noise band, loss drift, memory ratio, reason; plus
+    rows for notebooks that failed before their round was recorded (decision 'failed'). The noise band is
+    relative tokens/s for a speed round and nats/token (seed band) for a convergence round."""
     rows = []
     for r in rounds:
         v = r.verdict
         rows.append({"round": r.index, "name": r.name, "change": changes_text(r.changes),
-                     "decision": r.decision, "speed-up": _num(v.speedup, digits=3),
+                     "objective": getattr(r, "objective", "speed"), "decision": r.decision,
+                     "speed-up": _num(v.speedup, digits=3),
                      "noise band": _num(v.noise_band, digits=3), "loss drift": _num(v.loss_drift, digits=4),
                      "memory ratio": _num(v.memory_ratio, digits=3), "reason": v.reason,
                      "rollback point": str(r.rollback) if getattr(r, "rollback", None) else ""})
@@ -324,3 +326,55 @@ def eval_table(record: RunRecord) -> pd.DataFrame:
              "grad norm": _num(r["grad_norm"], digits=3)}
             for r in record.metrics if r.get("val_loss") is not None]
     return pd.DataFrame(rows).set_index("step") if rows else pd.DataFrame()
+
+
+def alarms_table(record: RunRecord) -> pd.DataFrame | str:
+    """The monitors' alarms of a run (kind, step, message), or a line saying there were none."""
+    alarms = record.summary.get("alarms") or []
+    if not alarms:
+        return f"no alarms in {record.summary.get('steps')} steps (monitors: grad norm, NaN, spikes, memory, overfit)"
+    return pd.DataFrame([{k: a.get(k) for k in ("kind", "step", "message")} for a in alarms]).set_index("step")
+
+
+# ------------------------------------------------------------------------------ AMP audit, convergence
+
+def amp_audit_table(record: RunRecord) -> pd.DataFrame | str:
+    """The run's AMP dtype audit (dtype_audit.json): each leaf cell, its kind, input and compute dtype, whether
+    `fp32_cells` protects it and whether it honours that; a line saying why when the run has none (O0)."""
+    import json
+    audit = Path(record.path) / "dtype_audit.json"
+    if not audit.is_file():
+        return (f"no dtype audit in {record.path.name}: only runs with amp_level O1-O3 write one "
+                f"(this one ran amp_level={record.config.amp_level})")
+    rows = json.loads(audit.read_text(encoding="utf-8"))
+    return pd.DataFrame([{"cell": r["name"], "kind": r["kind"], "input dtype": r["input_dtype"],
+                          "compute dtype": r["compute_dtype"], "asked fp32": r["protected"], "ok": r["ok"]}
+                         for r in rows]).set_index("cell")
+
+
+def amp_audit_text(record: RunRecord) -> str:
+    """One line: which cell kinds compute in which dtype, and the cells asked for fp32 that compute lower."""
+    audit = record.summary.get("amp_audit")
+    if not audit:
+        return f"no AMP audit: {record.path.name} ran amp_level={record.config.amp_level}"
+    dtypes = "; ".join(f"{d}: {', '.join(kinds)}" for d, kinds in audit.items() if d != "unprotected")
+    flagged = audit.get("unprotected") or []
+    cells = ", ".join(record.config.fp32_cells) or "none"
+    return (f"{record.config.amp_level} with fp32_cells=[{cells}] — {dtypes}; unprotected (asked fp32, computing "
+            f"lower): {', '.join(flagged) if flagged else 'none'}")
+
+
+def convergence_table(result) -> pd.DataFrame:
+    """A convergence round run by run: arm, seed, validation loss at the common token count, final validation
+    loss, seconds to the target loss and tokens/s (the numbers behind the verdict)."""
+    from .convergence import compare_tokens, eval_curve, figures, time_to_target, val_loss_at
+    groups = round_groups(result)
+    runs = [*groups["reference"], *groups["candidate"]]
+    tokens, fig = compare_tokens(runs), figures(groups["reference"], groups["candidate"])
+    rows = [{"arm": arm, "seed": r.config.seed, f"val loss @ {tokens:,.0f} tokens": _num(val_loss_at(r, tokens),
+                                                                                      digits=4),
+             "final val loss": _num(float(eval_curve(r)[1][-1]), digits=4),
+             f"s to val loss {fig.target:.4f}": _num(time_to_target(r, fig.target), digits=1),
+             "tokens/s": _num(r.summary.get("tokens_per_s"), digits=0)}
+            for arm, group in groups.items() for r in group]
+    return pd.DataFrame(rows)

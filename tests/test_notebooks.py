@@ -152,6 +152,12 @@ def test_workbook_runs_every_notebook_into_a_report(tmp_path, small_corpus):
     assert cold.status == warm.status == "ok"
     assert warm.summary["compile_s"] < cold.summary["compile_s"], "the warm compile cache did not help"
     assert warm.summary["loss_last"] < warm.summary["loss_first"], "a warm-cache run must still train"
+    profiled = load_runs([out / "workbook" / "studies" / "profiled_baseline"])[0]
+    assert (profiled.path / "profile" / "op_table.csv").is_file()
+    assert profiled.summary["verdict"] in {"data-bound", "compute-bound", "communication-bound", "memory-bound",
+                                           "balanced"}
+    evaluation = (out / "09_evaluation.ipynb").read_text()
+    assert "verdict: " in evaluation and "alarm" in evaluation
     demo = Workbook.open(out / "workbook" / "studies" / "data_pipeline")
     waits = [r.summary["data_wait_share"] for r in load_runs(demo.rounds()[0].reference_runs)]
     assert min(waits) > 0.05, f"the slow-storage demo baseline is not data-bound: data_wait_share {waits}"
