@@ -1,5 +1,5 @@
-"""A real browser: JupyterLab on localhost, headless Chromium runs a notebook with the round panel, the
-widgets render, a button reaches the Workbook; a screenshot goes to test-artifacts/."""
+"""A real browser: JupyterLab on localhost, headless Chromium runs the baseline notebook (tiny parameters) and
+a round-panel notebook; the widgets render, a button reaches the Workbook; screenshots go to test-artifacts/."""
 from __future__ import annotations
 
 import json
@@ -47,12 +47,25 @@ def _panel_notebook(folder: Path) -> Path:
     return path
 
 
+def _baseline_notebook(folder: Path, corpus: Path) -> Path:
+    """notebooks/01_baseline.ipynb with tiny parameters injected after its parameters cell (unexecuted)."""
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+    nb = load_notebook_node(str(REPO / "notebooks" / "01_baseline.ipynb"))
+    params = {"workbook_dir": str(folder / "workbook"), "preset": "tiny", "steps": 10, "repeats": 2,
+              "corpus": str(corpus), "aa_check": False}
+    path = folder / "01_baseline.ipynb"
+    nbformat.write(parameterize_notebook(nb, params), str(path))
+    return path
+
+
 @pytest.fixture
-def lab(tmp_path):
+def lab(tmp_path, small_corpus):
     """JupyterLab on a free localhost port with throw-away config, data and settings folders."""
     root = tmp_path / "root"
     root.mkdir()
     _panel_notebook(root)
+    _baseline_notebook(root, small_corpus)
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(
@@ -76,7 +89,7 @@ def lab(tmp_path):
                 proc.kill()
                 pytest.fail(f"jupyter lab did not start: {(tmp_path / 'lab.log').read_text()[-2000:]}")
             time.sleep(0.3)
-    yield f"{url}/lab/tree/panel.ipynb?token={token}", root
+    yield lambda name: f"{url}/lab/tree/{name}?token={token}", root
     proc.terminate()
     try:
         proc.wait(timeout=10)
@@ -110,7 +123,7 @@ def test_round_panel_renders_and_its_button_reaches_the_workbook(lab):
                                                         viewport={"width": 1400, "height": 900})
         try:
             page = context.pages[0] if context.pages else context.new_page()
-            page.goto(url)
+            page.goto(url("panel.ipynb"))
             _run_all(page)
             page.wait_for_selector(".jp-OutputArea .jupyter-widgets .widget-button", timeout=30_000)
             assert page.locator(".jp-OutputArea .widget-dropdown select").input_value() == "batch_size"
@@ -123,6 +136,32 @@ def test_round_panel_renders_and_its_button_reaches_the_workbook(lab):
         finally:
             context.close()
     assert (ARTIFACTS / "round_panel.png").stat().st_size > 10_000
+
+
+def test_baseline_notebook_runs_in_jupyterlab_and_its_widgets_render(lab):
+    from playwright.sync_api import sync_playwright
+    url, root = lab
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(str(root.parent / "profile"), executable_path=CHROMIUM,
+                                                        headless=True, args=ARGS,
+                                                        viewport={"width": 1400, "height": 900})
+        try:
+            page = context.pages[0] if context.pages else context.new_page()
+            page.goto(url("01_baseline.ipynb"))
+            _run_all(page)
+            # real training runs (baseline ×2, a profiled run) happen before the panel cell renders
+            page.wait_for_selector(".jp-OutputArea .jupyter-widgets .widget-button", timeout=150_000)
+            assert page.locator(".jp-OutputArea .widget-dropdown select").input_value() == "batch_size"
+            assert page.locator(".jp-OutputArea .jp-RenderedImage img").count() >= 3  # the baseline's plots
+            assert page.locator(".jp-OutputArea-output:has-text('verdict: ')").count() >= 1
+            assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+                                ":has-text('Traceback')").count() == 0
+            page.locator(".jp-OutputArea .widget-button").first.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "baseline_notebook.png"))
+        finally:
+            context.close()
+    assert (root / "workbook" / "ledger.jsonl").is_file()  # the notebook pinned a real baseline
 
 
 @pytest.mark.skipif(not (WIDGETS_JS_DIR / "require.js").is_file(), reason="widget JS not vendored (needs npm)")
