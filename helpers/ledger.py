@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .record import _json_safe
+from .record import _json_safe, write_failure
 
 
 class RoundError(ValueError):
@@ -23,12 +23,24 @@ class Ledger:
         self.path = Path(path)
 
     def append(self, entry: dict) -> None:
-        """Append one entry as a single write, then flush and fsync so it survives a crash."""
-        line = json.dumps(_json_safe(entry), ensure_ascii=False, sort_keys=False) + "\n"
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        """Append one entry as a single write, then fsync so it survives a crash.
+
+        A write the disk refuses part-way (full, over a size limit) is cut back off, so the ledger never
+        ends in half a line; raises `record.write_failure`'s one-line RecordError.
+        """
+        data = (json.dumps(_json_safe(entry), ensure_ascii=False, sort_keys=False) + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as exc:
+            os.ftruncate(fd, size)
+            raise write_failure(self.path, exc) from None
+        finally:
+            os.close(fd)
 
     def entries(self) -> list[dict]:
         """All entries, oldest first ([] before the first one)."""
@@ -51,8 +63,9 @@ class WorkbookLock:
     keep a Workbook open while another process reads it; a second writer is refused, not queued.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, activity: str = "runs a round"):
         self.path = Path(path)
+        self.activity = activity  # what the holder is doing, for the refusal message
         self._fd: int | None = None
         self._depth = 0
 
@@ -69,7 +82,7 @@ class WorkbookLock:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 raise RoundError(f"workbook {str(self.path.parent)!r} is busy: process {holder} holds "
-                                 f"{self.path.name} while it runs a round; wait for it to finish and retry") \
+                                 f"{self.path.name} while it {self.activity}; wait for it to finish and retry") \
                     from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)

@@ -7,6 +7,7 @@ that died while `status` was still `running` is reported as `interrupted` by `lo
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import math
@@ -34,13 +35,31 @@ SUMMARY_KEYS = ["status", "status_reason", "steps", "tokens_per_s", "step_time_m
 
 
 class RecordError(ValueError):
-    """A run directory that cannot be read; one actionable line."""
+    """A run directory that cannot be read or written; one actionable line."""
+
+
+_WRITE_FIXES = {errno.ENOSPC: "free disk space", errno.EDQUOT: "free disk space (quota)",
+                errno.EFBIG: "raise the file-size limit (ulimit -f)", errno.EROFS: "remount it read-write",
+                errno.EACCES: "make it writable", errno.EPERM: "make it writable (chattr -i if immutable)"}
+
+
+def write_failure(path: str | os.PathLike, exc: BaseException) -> RecordError:
+    """A one-line RecordError for a write the disk refused (full, read-only, over a size limit), naming the fix."""
+    why = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+    fix = _WRITE_FIXES.get(getattr(exc, "errno", None), "check the disk")
+    return RecordError(f"cannot write {str(path)!r} ({why}); {fix} or choose another --out folder")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write text to path via a temp file in the same folder + os.replace (never a half file)."""
+    """Write text to path via a temp file in the same folder + os.replace (never a half file).
+
+    A write the disk refuses raises `write_failure`'s RecordError; the previous file stays whole.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise write_failure(path, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)
@@ -48,6 +67,9 @@ def atomic_write_text(path: Path, text: str) -> None:
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; records are meant to be shared
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise write_failure(path, exc) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

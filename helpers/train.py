@@ -17,7 +17,7 @@ from .env import REPO_ROOT, environment, peak_flops
 from .hooks import RunHooks
 from .metrics import Ema, rss_bytes, summarize
 from .monitors import effective_max_grad_norm
-from .record import RecordWriter, load_run, read_metric_rows, METRICS_FILE, SUMMARY_KEYS
+from .record import RecordError, RecordWriter, load_run, read_metric_rows, write_failure, METRICS_FILE, SUMMARY_KEYS
 
 
 class TrainError(RuntimeError):
@@ -114,18 +114,27 @@ class Trainer:
         self.progress = progress
         self.writer = RecordWriter(self.run_dir)
         self.extra_summary: dict = {}
+        self.prep = None
 
     def _configure(self) -> None:
         """Set up MindSpore for this process (a data-parallel rank also joins its process group here)."""
         configure_mindspore(self.cfg)
 
+    def _data(self):
+        """The tokenized corpus, prepared once; `run` calls it before MindSpore is imported, so a bad corpus
+        fails in about a second instead of after the import and the peak-FLOP/s measurement."""
+        if self.prep is None:
+            from .data import prepare
+            self.prep = prepare(self.cfg, self.run_dir)
+        return self.prep
+
     def _build(self):
         import mindspore as ms
-        from .data import prepare, train_dataset, val_batches
+        from .data import train_dataset, val_batches
         from .model import LossNet, build_model, count_params, flops_per_token
         from .step import Stepper, make_optimizer
         cfg = self.cfg
-        self.prep = prepare(cfg, self.run_dir)
+        self._data()
         vocab = cfg.model.vocab_size or self.prep.tokenizer.vocab_size
         if vocab < self.prep.tokenizer.vocab_size:
             raise ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer's "
@@ -196,9 +205,14 @@ class Trainer:
         folder = self.run_dir / "checkpoints"
         final = folder / f"step_{step:06d}.ckpt"
         tmp = folder / f".tmp_step_{step:06d}.ckpt"
-        ms.save_checkpoint(self.stepper.parameters_and_state(), str(tmp),
-                           append_dict={"step": step})
-        os.replace(tmp, final)
+        try:
+            ms.save_checkpoint(self.stepper.parameters_and_state(), str(tmp),
+                               append_dict={"step": step})
+            os.replace(tmp, final)
+        except (OSError, RuntimeError) as exc:  # MindSpore leaves its partial file (.tmp) behind: remove it
+            for part in folder.glob(f".tmp_step_{step:06d}.*"):
+                part.unlink(missing_ok=True)
+            raise write_failure(final, exc) from None
         for old in sorted(folder.glob("step_*.ckpt"))[:-self.cfg.keep_checkpoints]:
             old.unlink(missing_ok=True)
 
@@ -241,6 +255,7 @@ class Trainer:
             base["resumed_from"] = str(_resume_source(cfg.resume_from)[1])
         self.writer.start(config_mod.dump(cfg), environment(cfg.device_target, cfg.threads), base)
         try:
+            self._data()
             self._configure()
             peak = peak_flops(cfg.device_target, "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype, cfg.threads)
             self._build()
@@ -248,8 +263,11 @@ class Trainer:
             outcome = self._loop(start)
         except Exception as exc:  # recorded as a failed run; the caller decides how loud to be
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            self._finish({**base, "status": "failed", "status_reason": f"{type(exc).__name__}: {reason}",
-                          "traceback": traceback.format_exc()[-4000:]}, 1, None)
+            try:
+                self._finish({**base, "status": "failed", "status_reason": f"{type(exc).__name__}: {reason}",
+                              "traceback": traceback.format_exc()[-4000:]}, 1, None)
+            except RecordError:
+                pass  # the disk refused the failed summary too: the 'running' one left reads as 'interrupted'
             raise
         self._finish({**base, "status": outcome.status, "status_reason": outcome.reason},
                      outcome.start_step, peak)

@@ -13,14 +13,15 @@ import os
 import shutil
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import yaml
 
 from .env import REPO_ROOT
+from .ledger import RoundError, WorkbookLock
 from .runner import child_env
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -173,8 +174,46 @@ def execute(src: Path, dst: Path, params: dict[str, Any], kernel: str = "python3
     except pm.PapermillExecutionError as exc:
         return "failed", f"{exc.ename}: {str(exc.evalue).splitlines()[0] if exc.evalue else ''}"
     except Exception as exc:  # kernel death, bad notebook JSON: still a failed notebook, not a failed run
-        return "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        from nbclient.exceptions import DeadKernelError
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return "failed", mark_dead_kernel(dst, error) if isinstance(exc, DeadKernelError) else error
     return "ok", ""
+
+
+def mark_dead_kernel(ipynb: Path, error: str) -> str:
+    """Put a dead kernel's error on the cell it died in (the last one papermill started); returns the error line.
+
+    papermill keeps the executed copy but records no error in it when the kernel process is killed
+    (a signal, or the OOM killer), so without this the copy looks as if its cells just stopped.
+    """
+    import nbformat
+    try:
+        nb = nbformat.read(str(ipynb), as_version=4)
+    except (OSError, ValueError):
+        return error
+    started = [i for i, c in enumerate(nb.cells)
+               if c.cell_type == "code" and c.metadata.get("papermill", {}).get("start_time")]
+    if not started:
+        return error
+    error = (f"{error} while running cell {started[-1] + 1} (the kernel process was killed: a signal or out of "
+             f"memory?); the executed copy shows the cell")
+    cell = nb.cells[started[-1]]
+    cell.outputs.append(nbformat.v4.new_output("error", ename="DeadKernelError", evalue=error, traceback=[error]))
+    cell.metadata["papermill"]["exception"] = True
+    nbformat.write(nb, str(ipynb))
+    return error
+
+
+@contextmanager
+def one_run_per_folder(out: Path) -> Iterator[None]:
+    """Hold <out>/.run.lock for a whole workbook run: a second run into the same folder is refused in one
+    line, instead of interleaving its rounds with the first's in the shared ledger."""
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(WorkbookLock(out / ".run.lock", "runs the workbook into it").hold())
+        except RoundError as exc:
+            raise WorkbookError(str(exc)) from None
+        yield
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -235,30 +274,31 @@ def run_workbook(params_file: str | os.PathLike | None = None, out: str | os.Pat
     out = Path(out) if out else REPORTS_DIR / time.strftime("%Y%m%d-%H%M%S")
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    shared = {**given, "workbook_dir": str(out / "workbook")}
-    html_options = widget_assets(out)
-    if not html_options:
-        log(f"note: no widget JS in {WIDGETS_JS_DIR} (`make workbook` vendors it with npm); "
-            "widgets in the HTML reports need internet to render")
-    results: list[NotebookResult] = []
-    for nb in notebooks:
-        declared = defaults[nb.stem]
-        params = {k: v for k, v in shared.items() if k in declared}
-        if FAILED_PARAM in declared:
-            params[FAILED_PARAM] = {r.name: r.error for r in results if r.status == "failed"}
-        dst = out / nb.name
-        t0 = time.perf_counter()
-        with kernel_env():
-            status, error = execute(nb, dst, params, kernel)
-        seconds = time.perf_counter() - t0
-        page = to_html(dst, html_options)
-        results.append(NotebookResult(nb.stem, status, seconds, error, dst, page))
-        log(f"{nb.stem:<22} {status:<6} {seconds:6.1f} s{f'  {error}' if error else ''}")
-    index = out / "index.html"
-    index.write_text(index_page(results, out / "workbook"), encoding="utf-8")
-    point_latest(out)
-    log(f"report: {index}")
-    return results
+    with one_run_per_folder(out):
+        shared = {**given, "workbook_dir": str(out / "workbook")}
+        html_options = widget_assets(out)
+        if not html_options:
+            log(f"note: no widget JS in {WIDGETS_JS_DIR} (`make workbook` vendors it with npm); "
+                "widgets in the HTML reports need internet to render")
+        results: list[NotebookResult] = []
+        for nb in notebooks:
+            declared = defaults[nb.stem]
+            params = {k: v for k, v in shared.items() if k in declared}
+            if FAILED_PARAM in declared:
+                params[FAILED_PARAM] = {r.name: r.error for r in results if r.status == "failed"}
+            dst = out / nb.name
+            t0 = time.perf_counter()
+            with kernel_env():
+                status, error = execute(nb, dst, params, kernel)
+            seconds = time.perf_counter() - t0
+            page = to_html(dst, html_options)
+            results.append(NotebookResult(nb.stem, status, seconds, error, dst, page))
+            log(f"{nb.stem:<22} {status:<6} {seconds:6.1f} s{f'  {error}' if error else ''}")
+        index = out / "index.html"
+        index.write_text(index_page(results, out / "workbook"), encoding="utf-8")
+        point_latest(out)
+        log(f"report: {index}")
+        return results
 
 
 # ---------------------------------------------------------------------------------------------- index

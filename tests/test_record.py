@@ -36,7 +36,7 @@ def test_atomic_write_leaves_old_file_when_interrupted(tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(RecordError, match=r"^cannot write '.*summary.json' \(disk full\); .*choose another --out"):
         atomic_write_text(target, '{"a": 2}')
     assert json.loads(target.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
