@@ -98,11 +98,23 @@ def _run(cfg, out, progress) -> int:
         outcome = trainer.run()
     except Exception as exc:
         print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__} "
-              f"(run recorded as failed in {out})", file=sys.stderr)
+              f"({_left_behind(out)})", file=sys.stderr)
         return 1
     record = load_run(out)
     print(one_line(record.summary, out))
     return 0 if outcome.status == "ok" else 3
+
+
+def _left_behind(out) -> str:
+    """What a failed run left on disk, for its error line (a full disk may have refused the failed summary)."""
+    try:
+        status = load_run(out).status
+    except RecordError:
+        return f"no run record in {out}"
+    status = "interrupted" if status == "running" else status  # 'running' under our own, still live pid
+    ckpts = sorted(Path(out, "checkpoints").glob("step_*.ckpt"))
+    resume = f"; after fixing it: python -m helpers resume {out}" if ckpts else ""
+    return f"run recorded as {status} in {out}{resume}"
 
 
 def _run_msrun(cfg, out, progress) -> int:
@@ -172,6 +184,8 @@ def parser() -> argparse.ArgumentParser:
 
     from .eval_cli import add_commands
     add_commands(sub, default_progress)
+    from .autotune import add_command as add_autotune
+    add_autotune(sub)
     return p
 
 
