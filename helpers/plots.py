@@ -120,3 +120,37 @@ def evaluation_plot(record: RunRecord) -> Figure:
     for ax in (loss_ax, ppl_ax, grad_ax):
         ax.grid(alpha=0.3)
     return fig
+
+
+def op_shift_plot(shift, top: int = 12, title: str = "Operator time per step, before → after") -> Figure:
+    """Horizontal bars of ms/step before and after for the `top` ops by |delta| (a `fusion.op_table_shift`
+    frame); vanished/new ops are marked in their label."""
+    rows = shift.head(top).iloc[::-1]
+    fig, (ax,) = _figure(width=7.5, height=0.32 * len(rows) + 1.4)
+    y = range(len(rows))
+    labels = [f"{op} ({flag})" if flag else op for op, flag in zip(rows["op"], rows["flag"])]
+    ax.barh([i + 0.2 for i in y], rows["ms/step before"], height=0.4, color=COLORS[0], label="before (reference)")
+    ax.barh([i - 0.2 for i in y], rows["ms/step after"], height=0.4, color=COLORS[3], label="after (candidate)")
+    ax.set_yticks(list(y), labels, fontsize=8)
+    ax.set(xlabel="ms per step (profiled, median over runs)", title=title)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def val_loss_tokens_plot(groups: dict[str, list[RunRecord]], at_tokens: float | None = None) -> Figure:
+    """Validation loss against cumulative tokens for every run (one colour per group, one line per seed),
+    with a dashed line where a convergence round compared them (`at_tokens`)."""
+    from .convergence import eval_curve
+    fig, (ax,) = _figure()
+    for i, (label, records) in enumerate(groups.items()):
+        for j, rec in enumerate(records):
+            tokens, loss, _ = eval_curve(rec)
+            ax.plot(tokens, loss, marker="o", ms=3, color=COLORS[i % len(COLORS)], alpha=0.85, lw=1.2,
+                    label=label if j == 0 else None)
+    if at_tokens:
+        ax.axvline(at_tokens, ls="--", color="#555555", label=f"compared at {at_tokens:,.0f} tokens")
+    ax.set(xlabel="tokens trained", ylabel="validation loss (nats/token)", title="Validation loss at equal tokens")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig

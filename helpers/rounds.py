@@ -20,6 +20,7 @@ import json
 import re
 import shutil
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,6 +31,7 @@ import numpy as np
 
 from . import config as config_mod
 from .config import Config
+from .convergence import CONVERGENCE_VARIABLES, OBJECTIVES, judge_convergence
 from .ledger import Ledger, RoundError, WorkbookLock
 from .record import RecordError, RunRecord, atomic_write_json, atomic_write_text, load_run
 from .runner import launch
@@ -69,6 +71,7 @@ class RoundResult:
     verdict: Verdict
     override: dict | None
     rollback: Path
+    objective: str = "speed"  # "speed" (tokens/s rule) or "convergence" (val loss at equal tokens, seeds)
 
     @property
     def decision(self) -> str:
@@ -85,6 +88,11 @@ def _user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):
         return "unknown"
+
+
+def _reasons(why: str, reasoning: dict | None) -> dict:
+    """Ledger fields saying why an entry was made (only those given)."""
+    return {**({"why": " ".join(why.split())} if why else {}), **({"reasoning": reasoning} if reasoning else {})}
 
 
 def _median(runs: list[RunRecord], key: str) -> float | None:
@@ -224,7 +232,7 @@ class Workbook:
                             reference_runs=[self.path / p for p in e["reference_runs"]],
                             candidate_runs=[self.path / p for p in e["candidate_runs"]],
                             verdict=Verdict.from_dict(e["verdict"]), override=overrides.get(e["round"]),
-                            rollback=self.path / e["rollback"])
+                            rollback=self.path / e["rollback"], objective=e.get("objective", "speed"))
                 for e in entries if e["event"] == "round"]
 
     # ----- writing ----------------------------------------------------------------------------------------
@@ -251,18 +259,24 @@ class Workbook:
         except RuntimeError as exc:
             return None, f"{run_dir.name} left no record ({str(exc).splitlines()[0]})"
 
-    def _measure(self, cand_cfg: Config, ref_cfg: Config, folder: Path, label: str, progress: bool):
+    def _measure(self, cand_cfg: Config, ref_cfg: Config, folder: Path, label: str, progress: bool,
+                 seeds: list[int] | None = None):
         """`repeats` candidate runs interleaved with as many reference reruns, in ABBA order.
+
+        With `seeds`, one run per seed and arm instead (run k of both arms uses seeds[k-1]: a convergence round).
 
         Load on a shared machine drifts over minutes (here an identical rerun came out +38% against runs of a
         minute before, both repeats agreeing); runs taken side by side see the same drift, and ABBA cancels a
         linear trend. Stops at the first run that does not finish. Returns (candidates, references, error).
         """
         runs: dict[str, list[RunRecord]] = {"candidate": [], "reference": []}
-        for k in range(1, self.repeats + 1):
+        count = len(seeds) if seeds else self.repeats
+        for k in range(1, count + 1):
             for role in (("candidate", "reference") if k % 2 else ("reference", "candidate")):
                 cfg = cand_cfg if role == "candidate" else ref_cfg
-                record, error = self._launch(cfg, folder / f"{role}_{k}", f"{label} {role} {k}/{self.repeats}",
+                if seeds:
+                    cfg = config_mod.with_changes(cfg, {"seed": seeds[k - 1]})
+                record, error = self._launch(cfg, folder / f"{role}_{k}", f"{label} {role} {k}/{count}",
                                              progress)
                 if error:
                     return runs["candidate"], runs["reference"], f"{role} {error}"
@@ -271,10 +285,20 @@ class Workbook:
                     return runs["candidate"], runs["reference"], ""
         return runs["candidate"], runs["reference"], ""
 
-    def _verdict(self, candidates, references, error: str, baseline: list[RunRecord]) -> Verdict:
+    def _verdict(self, candidates, references, error: str, baseline: list[RunRecord], objective: str = "speed",
+                 target: float | None = None) -> Verdict:
         if error:
             return failed(error, noise_band(baseline, [], baseline), loss_gate_for(baseline, self.loss_gate),
                           self.memory_limit_bytes)
+        if objective == "convergence":
+            bad = judge(references, candidates, baseline, self.loss_gate, self.memory_limit_bytes)
+            if bad.decision == "failed":  # a seed that ended nan/failed: same reporting as a speed round
+                return bad
+            try:
+                return judge_convergence(references, candidates, self.memory_limit_bytes, target)
+            except ValueError as exc:  # e.g. eval points that share no token count: recorded, not lost
+                return failed(f"validation curves cannot be compared: {exc}", bad.noise_band,
+                              loss_gate_for(baseline, self.loss_gate), self.memory_limit_bytes)
         return judge(references, candidates, baseline, self.loss_gate, self.memory_limit_bytes)
 
     def baseline(self, progress: bool = True, who: str | None = None) -> list[RunRecord]:
@@ -337,13 +361,28 @@ class Workbook:
         return cand, {k: moved[k] for k in keys}
 
     def run_round(self, name: str, changes: dict[str, Any], progress: bool = True,
-                  who: str | None = None) -> RoundResult:
+                  who: str | None = None, objective: str = "speed", seeds: int = 2,
+                  target: float | None = None, why: str = "", reasoning: dict | None = None) -> RoundResult:
         """Train the current best + `changes` against the current best, judge, record, save a rollback point.
 
-        `repeats` candidate runs interleaved with `repeats` reruns of the current best (see `_measure`); the
-        reruns are the round's reference_runs. `keep` makes the candidate the best; other decisions leave it.
-        A run that does not finish ends the round as "failed" (records kept, remaining runs skipped).
+        objective="speed": `repeats` candidate runs interleaved with `repeats` reruns of the current best (see
+        `_measure`), judged on tokens/s (`verdict.judge`). objective="convergence": `seeds` runs per arm, run k
+        of both arms with seed best.seed + k − 1, judged on validation loss at equal tokens against the seed
+        band (`convergence.judge_convergence`; `target` = the val loss for time-to-target, default the level
+        every reference seed reached). The reruns are the round's reference_runs. `keep` makes the candidate the
+        best; other decisions leave it. A run that does not finish ends the round as "failed" (records kept,
+        remaining runs skipped). A speed round on a convergence variable (lr, warmup, ...) warns: tokens/s
+        cannot judge it. `why` (one paragraph) and `reasoning` (e.g. the auto-tuner's diagnosis and cost
+        estimate) say why the round was run; both go into its ledger entry.
         """
+        if objective not in OBJECTIVES:
+            raise RoundError(f"objective={objective!r} is not allowed; choose one of {', '.join(OBJECTIVES)}")
+        if objective == "convergence" and (not isinstance(seeds, int) or seeds < 2):
+            raise RoundError(f"seeds={seeds!r} cannot measure seed-to-seed spread; use seeds=2 or more")
+        learning = [k for k in changes if k in CONVERGENCE_VARIABLES]
+        if objective == "speed" and learning:
+            warnings.warn(f"round {name!r} changes {', '.join(learning)}, which moves what the model learns, not "
+                          f"tokens/s; judge it with objective='convergence'", stacklevel=2)
         with self._lock.hold():
             entries = self.ledger()
             self._pinned(entries)
@@ -353,17 +392,38 @@ class Workbook:
             baseline = self._load(self._source(0, entries)[1])
             index = max(self._round_entries(entries), default=0) + 1
             folder = self._fresh(self.path / "rounds" / f"{index:02d}_{name}")
-            records, references, error = self._measure(cand, best, folder, f"round {index} {name}", progress)
-            verdict = self._verdict(records, references, error, baseline)
+            seed_list = [best.seed + k for k in range(seeds)] if objective == "convergence" else None
+            records, references, error = self._measure(cand, best, folder, f"round {index} {name}", progress,
+                                                       seed_list)
+            verdict = self._verdict(records, references, error, baseline, objective, target)
             rollback = self._save_rollback(folder / "rollback", cand, records)
-            self._append({"event": "round", "round": index, "name": name,
+            self._append({"event": "round", "round": index, "name": name, "objective": objective,
+                          **({"seeds": seed_list} if seed_list else {}),
                           "changes": {k: list(v) for k, v in moved.items()}, "reference_round": best_round,
                           "reference_runs": [self._rel(r.path) for r in references],
                           "candidate_runs": [self._rel(r.path) for r in records],
                           "verdict": verdict.to_dict(), "decision": verdict.decision, "rollback": self._rel(rollback),
-                          "who": who or _user(), "when": _now()},
+                          "who": who or _user(), "when": _now(), **_reasons(why, reasoning)},
                          index if verdict.decision == "keep" else best_round, entries)
             return self.rounds()[-1]
+
+    def note(self, name: str, why: str, changes: dict[str, tuple] | None = None, decision: str = "note",
+             who: str | None = None, reasoning: dict | None = None) -> None:
+        """Record a step that trains nothing (a candidate the config refuses, a stop reason); the best stays.
+
+        changes: {key: (current, requested)}; decision: a short word such as 'skipped' or 'stop'.
+        """
+        with self._lock.hold():
+            entries = self.ledger()
+            self._append({"event": "note", "round": None, "name": name,
+                          "changes": {k: list(v) for k, v in (changes or {}).items()}, "verdict": None,
+                          "decision": decision, "who": who or _user(), "when": _now(), **_reasons(why, reasoning)},
+                         self._best_round(entries), entries)
+
+    def run_suggestion(self, suggestion, progress: bool = True, who: str | None = None) -> RoundResult:
+        """Run a `suggest.Suggestion` (name, changes, objective) as a round against the current best."""
+        return self.run_round(suggestion.name, suggestion.changes, progress=progress, who=who,
+                              objective=suggestion.objective)
 
     def _save_rollback(self, folder: Path, cfg: Config, records: list[RunRecord]) -> Path:
         """config.yaml, the last candidate run's summary.json and its last checkpoint (if it saved one)."""

@@ -99,3 +99,42 @@ class RoundPanel:
 def round_panel(workbook, variable: str = "batch_size", values: str = "") -> RoundPanel:
     """The panel, ready to display (a notebook cell's last line: `round_panel(wb)`)."""
     return RoundPanel(workbook, variable, values)
+
+
+class SuggestionPanel:
+    """One row per `suggest.Suggestion` (change, rule, evidence) with a button that runs it as a round."""
+
+    def __init__(self, workbook, suggestions: list):
+        self.workbook, self.suggestions = workbook, list(suggestions)
+        self.results: list = []
+        self.status = w.HTML(value=f"{len(self.suggestions)} suggested round(s); click one to run it." if
+                             self.suggestions else "No rule fired on the best runs: nothing to suggest.")
+        self.output = w.Output()
+        rows = []
+        for i, s in enumerate(self.suggestions):
+            button = w.Button(description=f"Run {s.name}"[:40], button_style="primary", icon="play")
+            button.on_click(lambda _, i=i: self.run(i))
+            text = f"<b>{s.objective}</b> round — {s.rule}<br><i>{s.evidence}</i>"
+            rows.append(w.HBox([button, w.HTML(value=text)]))
+        self.widget = w.VBox([*rows, self.status, self.output])
+
+    def _ipython_display_(self):
+        display(self.widget)
+
+    def run(self, i: int):
+        """Run suggestion `i` against the current best; show its table and verdict (None on a refusal)."""
+        with self.output:
+            try:
+                result = self.workbook.run_suggestion(self.suggestions[i], progress=True)
+            except (ConfigError, RoundError) as exc:
+                self.status.value = f"<b>error:</b> {exc}"
+                return None
+            display(round_table(result))
+        self.results.append(result)
+        self.status.value = verdict_text(result)
+        return result
+
+
+def suggestion_panel(workbook, suggestions: list) -> SuggestionPanel:
+    """The 'next round to try' panel, ready to display (`suggestion_panel(wb, suggest_for(wb))`)."""
+    return SuggestionPanel(workbook, suggestions)
