@@ -88,7 +88,9 @@ def noise_band(reference: Sequence[RunRecord], candidate: Sequence[RunRecord],
         b    = max(ln(1 + NOISE_FLOOR), t · √( v · (1/k_R + 1/k_C) + w_R/k_R + w_C/k_C ))
         band = e^b − 1;  a speedup s is beyond the band when |ln s| > b, i.e. s > 1 + band or s < 1/(1 + band)
       v   : run-to-run variance of ln(tokens/s), pooled by degrees of freedom over the distinct groups of
-            repeats at hand: the pinned baseline, the reference and the candidate;
+            repeats at hand: the pinned baseline (only while the reference still has the baseline's config:
+            once a round moved the best, say from eager to graph mode, the baseline's spread belongs to
+            another population), the reference and the candidate;
       w_G : mean squared `within_run_se` of group G's runs (step-time dispersion inside each run);
       k_G : number of runs in group G (the comparison is between the groups' medians);
       t   : the two-sided 95% Student-t quantile for v's pooled degrees of freedom Σ(k_G − 1) (`t975`).
@@ -97,6 +99,8 @@ def noise_band(reference: Sequence[RunRecord], candidate: Sequence[RunRecord],
     With no candidate runs (a failed round), the candidate is assumed to be as noisy as the reference.
     """
     candidate = candidate or reference
+    if baseline and reference and baseline[0].config != reference[0].config:
+        baseline = []
     groups, seen = [], set()
     for group in (baseline, reference, candidate):
         key = tuple(sorted(str(r.path) for r in group))
