@@ -1,13 +1,15 @@
 """`make bench`: ratios measured side by side in one run (interleaved A B A B, medians, spread).
 
 Items: monitoring overhead (the full trainer vs a bare step loop), MFU of the presets against the
-measured matmul peak, nanoGPT-config parity (val loss at 2000 iterations), headless workbook wall time.
+measured matmul peak, nanoGPT-config parity (val loss at 2000 iterations), headless workbook wall time,
+A/A checks and recorded-vs-outside step time (noise honesty, bench/noise_items.py).
 Results go to bench/results/<item>.json and bench/results/README.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -21,6 +23,7 @@ sys.path.insert(0, str(REPO))
 from helpers.config import dump, load_config, with_changes  # noqa: E402
 from helpers.record import atomic_write_json, load_run  # noqa: E402
 from helpers.runner import child_env  # noqa: E402
+from noise_items import item_aa, item_clock, noise_rows  # noqa: E402  (bench/ is sys.path[0])
 
 RESULTS = REPO / "bench" / "results"
 NANO = REPO / "configs" / "nano.yaml"
@@ -38,8 +41,20 @@ def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+# The monitored arm has every monitor on: grad-norm alarm (limit 1.0 = the clip norm, so it fires on early steps),
+# loss spikes, RSS growth, overfit (fed by the final eval, outside the timed window), loss drop per 1k tokens, plus
+# the per-step row, RSS sample and record write.
+MONITORS_ON = {"monitor.grad_norm_limit": 1.0, "monitor.grad_norm_action": "log", "monitor.spike_ratio": 0.25,
+               "monitor.memory_slope_limit": 262144.0, "monitor.memory_window": 50, "monitor.overfit_evals": 2}
+
+
 def bare_loop(config_yaml: str, steps: int, skip: int) -> float:
-    """Child side of the overhead item: the same Cells and data, a loop with nothing else (ms/step)."""
+    """Child side of the overhead item: the trainer's own step Cell on the same batches, nothing else.
+
+    Same device work as the trainer (its step Cell, clipping and loss-scale logic included); no metrics row,
+    monitors, RSS sampling, record writes or per-step host reads. ms/step over steps skip+1 .. steps-1, each
+    end synchronised by reading the loss.
+    """
     import mindspore as ms
     from helpers.train import Trainer, configure_mindspore
     cfg = load_config(config_yaml)
@@ -49,55 +64,67 @@ def bare_loop(config_yaml: str, steps: int, skip: int) -> float:
         trainer._build()
         batches = iter(trainer._train_dataset(0).create_tuple_iterator(num_epochs=1, output_numpy=True))
         step = trainer.calls[0]
-        for i in range(steps):
-            if i == skip:
-                t0 = time.perf_counter()
+        for i in range(1, steps):
             x, y = next(batches)
             out = step(ms.Tensor(x), ms.Tensor(y))
+            if i == skip:
+                out[0].asnumpy()
+                t0 = time.perf_counter()
         out[0].asnumpy()
-        return (time.perf_counter() - t0) * 1000.0 / (steps - skip)
+        return (time.perf_counter() - t0) * 1000.0 / (steps - 1 - skip)
 
 
-def monitored_loop(cfg, run_dir: Path) -> float:
-    """The full trainer (every metric, alarm, record write) in its own process: mean steady ms/step."""
-    _python("-m", "helpers", "train", "--config", str(run_dir / "request.yaml"), "--out", str(run_dir),
-            "--progress", "none")
-    rows = load_run(run_dir).metrics[cfg.steady_after:]
-    return statistics.fmean(r["step_time_ms"] for r in rows)
+def monitored_loop(config_yaml: str, steps: int, skip: int) -> float:
+    """Child side: the full trainer (metrics row, monitors, RSS, record writes), wall ms/step over the same
+    window as `bare_loop`, stamped after each step's row is written (the final eval and checkpoint excluded)."""
+    from helpers.train import Trainer
+    cfg = load_config(config_yaml)
+    stamps: dict[int, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        Trainer(cfg, tmp, lambda row, total: stamps.__setitem__(row["step"], time.perf_counter())).run()
+    return (stamps[steps - 1] - stamps[skip]) * 1000.0 / (steps - 1 - skip)
 
 
-def item_overhead(rounds: int, steps: int) -> dict:
-    """Monitored / bare ms per step, interleaved A B A B; goal ≤ 1.02."""
+def item_overhead(rounds: int, steps: int, skip: int = 10) -> dict:
+    """Monitored / bare ms per step, each pair side by side, order alternating (A B, B A, ...); goal ≤ 1.02."""
     cfg = with_changes(load_config(NANO), {"steps": steps, "eval_every": 0, "eval_batches": 1,
-                                           "steady_after": 10})
+                                           "steady_after": skip, **MONITORS_ON})
     bare, full = [], []
     with tempfile.TemporaryDirectory() as tmp:
         request = Path(tmp) / "request.yaml"
         request.write_text(dump(cfg))
+        arms = {"bare": bare, "monitored": full}
         for i in range(rounds):
-            bare.append(float(_python(str(Path(__file__)), "bare", str(request), str(steps), "10").strip()))
-            run = Path(tmp) / f"run{i}"
-            run.mkdir()
-            (run / "request.yaml").write_text(dump(cfg))
-            full.append(monitored_loop(cfg, run))
-            print(f"  overhead round {i + 1}: bare {bare[-1]:.1f} ms, monitored {full[-1]:.1f} ms", flush=True)
+            for arm in (("bare", "monitored") if i % 2 == 0 else ("monitored", "bare")):
+                arms[arm].append(float(_python(str(Path(__file__)), arm, str(request), str(steps), str(skip))
+                                       .strip().splitlines()[-1]))
+            print(f"  overhead pair {i + 1}: bare {bare[-1]:.1f} ms, monitored {full[-1]:.1f} ms "
+                  f"(×{full[-1] / bare[-1]:.3f})", flush=True)
     ratios = [f / b for f, b in zip(full, bare)]
     return {"bare_ms": _spread(bare), "monitored_ms": _spread(full), "ratio": _spread(ratios),
-            "ratio_of_medians": statistics.median(full) / statistics.median(bare), "goal": 1.02, "limit": 1.05}
+            "ratio_of_medians": statistics.median(full) / statistics.median(bare), "goal": 1.02, "limit": 1.05,
+            "steps": steps, "window": [skip + 1, steps - 1], "monitors": MONITORS_ON, "load_avg": os.getloadavg()}
 
 
 def item_mfu(steps: int) -> dict:
-    """Achieved MFU of the presets in graph mode against the measured fp32 matmul peak."""
-    out = {"formula": "flops/token = 6·N + 12·L·d·T (N without position embeddings); recompute not counted"}
+    """Achieved MFU of the presets in graph mode against the fp32 matmul peak measured now (helpers.env)."""
+    peak = float(_python("-c", "from helpers.env import peak_flops; print(peak_flops('CPU', 'fp32', 0, "
+                               "refresh=True))").strip().splitlines()[-1])
+    out = {"formula": "flops/token = 6·N + 12·L·d·T (N = parameters without position embeddings, L layers, "
+                      "d width, T context); recompute not counted; MFU = tokens/s × flops/token ÷ peak",
+           "peak_flops": peak, "load_avg": os.getloadavg()}
+    print(f"  matmul peak (fp32, 1024³): {peak / 1e9:.1f} GFLOP/s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for preset, batch in (("tiny", 16), ("nano", 12), ("small", 4)):
             run = Path(tmp) / preset
             _python("-m", "helpers", "train", "--config", str(NANO), "--set", f"model.preset={preset}",
                     "--set", f"batch_size={batch}", "--set", f"steps={steps}", "--set", "eval_every=0",
-                    "--set", "eval_batches=1", "--set", "steady_after=5", "--out", str(run), "--progress", "none")
+                    "--set", "eval_batches=1", "--set", "steady_after=5", "--set", "mode=graph",
+                    "--out", str(run), "--progress", "none")
             s = load_run(run).summary
             out[preset] = {k: s[k] for k in ("n_params", "flops_per_token", "tokens_per_s", "step_time_ms",
                                              "mfu", "peak_flops")}
+            out[preset]["batch_size"] = batch
             print(f"  MFU {preset}: {100 * s['mfu']:.1f}% at {s['tokens_per_s']:,.0f} tokens/s", flush=True)
     return out
 
@@ -135,8 +162,11 @@ def table(results: dict) -> str:
         r = results["overhead"]
         lines.append(f"| monitoring overhead | ×{r['ratio']['median']:.3f} (range {r['ratio']['min']:.3f}–"
                      f"{r['ratio']['max']:.3f}, {r['ratio']['n']} interleaved pairs; bare "
-                     f"{r['bare_ms']['median']:.1f} ms, monitored {r['monitored_ms']['median']:.1f} ms) | ≤ 1.02 |")
+                     f"{r['bare_ms']['median']:.1f} ms, monitored {r['monitored_ms']['median']:.1f} ms) | ≤ 1.02 (must ≤ 1.05) |")
     if "mfu" in results:
+        if "peak_flops" in results["mfu"]:
+            lines.append(f"| fp32 matmul peak (1024³, measured) | {results['mfu']['peak_flops'] / 1e9:.1f} GFLOP/s; "
+                         f"{results['mfu']['formula']} | — |")
         for preset in ("tiny", "nano", "small"):
             r = results["mfu"][preset]
             lines.append(f"| MFU {preset} ({r['n_params']:,} params) | {100 * r['mfu']:.1f}% "
@@ -148,24 +178,29 @@ def table(results: dict) -> str:
     if "workbook" in results:
         r = results["workbook"]
         lines.append(f"| `make workbook` wall time | {r['wall_s']:.0f} s (exit {r['returncode']}) | ≤ 600 s |")
+    lines += noise_rows(results)
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("item", choices=["all", "overhead", "mfu", "parity", "workbook", "bare"])
+    p.add_argument("item", choices=["all", "overhead", "mfu", "parity", "workbook", "aa", "clock", "bare",
+                                    "monitored"])
     p.add_argument("args", nargs="*")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--trials", type=int, default=20, help="A/A checks (aa item)")
+    p.add_argument("--preset", default="tiny", help="model preset of the aa and clock items")
     a = p.parse_args()
-    if a.item == "bare":
-        print(bare_loop(a.args[0], int(a.args[1]), int(a.args[2])))
+    if a.item in ("bare", "monitored"):
+        print((bare_loop if a.item == "bare" else monitored_loop)(a.args[0], int(a.args[1]), int(a.args[2])))
         return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
-    items = ["overhead", "mfu", "parity", "workbook"] if a.item == "all" else [a.item]
+    items = ["overhead", "mfu", "parity", "workbook", "aa", "clock"] if a.item == "all" else [a.item]
     runners = {"overhead": lambda: item_overhead(a.rounds, a.steps), "mfu": lambda: item_mfu(40),
-               "parity": lambda: item_parity(a.iters), "workbook": item_workbook}
+               "parity": lambda: item_parity(a.iters), "workbook": item_workbook,
+               "aa": lambda: item_aa(a.trials, a.preset), "clock": lambda: item_clock(3, a.preset)}
     results = {}
     for f in RESULTS.glob("*.json"):
         results[f.stem] = json.loads(f.read_text())
