@@ -413,9 +413,9 @@ def _load(paths: list[Path]) -> list[RunRecord]:
 
 def add_command(sub) -> None:
     """Register `python -m helpers autotune` on an argparse subparsers object."""
+    from .cli import add_config_arguments
     a = sub.add_parser("autotune", help="walk tuning rounds from a baseline within a time budget")
-    a.add_argument("--config", help="YAML config of the baseline (defaults when omitted)")
-    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    add_config_arguments(a, "YAML config of the baseline")
     a.add_argument("--budget-min", type=float, required=True, help="wall-clock budget in minutes")
     a.add_argument("--out", required=True, help="workbook folder (a new one, or one to continue)")
     a.add_argument("--repeats", type=int, default=2, help="runs per config and round (default 2)")

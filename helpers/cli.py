@@ -153,22 +153,35 @@ def cmd_workbook(args) -> int:
     return 1 if failed else 0
 
 
+PROGRESS_CHOICES = ["bar", "json", "log", "none"]
+
+
+def add_config_arguments(p: argparse.ArgumentParser, what: str = "YAML config") -> None:
+    """--config FILE and repeatable --set KEY=VALUE, for every command that builds a Config."""
+    p.add_argument("--config", help=f"{what} (defaults when omitted)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+
+
+def add_progress_argument(p: argparse.ArgumentParser, default: str) -> None:
+    """--progress bar|json|log|none."""
+    p.add_argument("--progress", choices=PROGRESS_CHOICES, default=default)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m helpers", description="MindSpore LLM-training tuning workbook")
     sub = p.add_subparsers(dest="command", required=True)
     default_progress = "bar" if sys.stderr.isatty() else "log"
 
     t = sub.add_parser("train", help="train one run and write its record")
-    t.add_argument("--config", help="YAML config (defaults when omitted)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    add_config_arguments(t)
     t.add_argument("--out", required=True, help="run directory to write")
-    t.add_argument("--progress", choices=["bar", "json", "log", "none"], default=default_progress)
+    add_progress_argument(t, default_progress)
     t.set_defaults(func=cmd_train)
 
     r = sub.add_parser("resume", help="continue a run from its last checkpoint")
     r.add_argument("run_dir")
     r.add_argument("--steps", type=int, help="new total step count")
-    r.add_argument("--progress", choices=["bar", "json", "log", "none"], default=default_progress)
+    add_progress_argument(r, default_progress)
     r.set_defaults(func=cmd_resume)
 
     s = sub.add_parser("show", help="print a run's summary table")

@@ -34,14 +34,14 @@ def cmd_diagnose(args) -> int:
 
 def add_commands(sub, default_progress: str) -> None:
     """Register the `profile` and `diagnose` subcommands on an argparse subparsers object."""
+    from .cli import add_config_arguments, add_progress_argument
     p = sub.add_parser("profile", help="train with a profiler window; print the top operators and overhead")
-    p.add_argument("--config", help="YAML config (defaults when omitted)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    add_config_arguments(p)
     p.add_argument("--steps", type=int, default=40, help="profiled steps (default 40)")
     p.add_argument("--start", type=int, default=0, help="first profiled step; 0 = after steady_after")
     p.add_argument("--top", type=int, default=10, help="operators to print")
     p.add_argument("--out", required=True, help="run directory to write (no '=' or ',' in the path)")
-    p.add_argument("--progress", choices=["bar", "json", "log", "none"], default=default_progress)
+    add_progress_argument(p, default_progress)
     p.set_defaults(func=cmd_profile)
 
     d = sub.add_parser("diagnose", help="bottleneck verdict, alarms and troubleshooting rows for a run")

@@ -33,6 +33,17 @@ def small_corpus(tmp_path_factory) -> Path:
     return path
 
 
+def wait_for(predicate, timeout_s: float, poll_s: float = 0.1) -> bool:
+    """Poll `predicate` until it is truthy or `timeout_s` seconds pass; returns whether it became true."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return False
+
+
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m helpers ARGS` in a fresh process (MindSpore's context is per process)."""
     env = dict(os.environ, GLOG_v="3",

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
@@ -113,9 +114,10 @@ def _run_all(page) -> None:
     pytest.fail("Run All did not start the first cell")
 
 
-def test_round_panel_renders_and_its_button_reaches_the_workbook(lab):
+@contextmanager
+def _lab_page(root: Path, url: str):
+    """A headless Chromium page (fresh profile beside `root`) opened at `url`; screenshots go to ARTIFACTS."""
     from playwright.sync_api import sync_playwright
-    url, root = lab
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(str(root.parent / "profile"), executable_path=CHROMIUM,
@@ -123,44 +125,40 @@ def test_round_panel_renders_and_its_button_reaches_the_workbook(lab):
                                                         viewport={"width": 1400, "height": 900})
         try:
             page = context.pages[0] if context.pages else context.new_page()
-            page.goto(url("panel.ipynb"))
-            _run_all(page)
-            page.wait_for_selector(".jp-OutputArea .jupyter-widgets .widget-button", timeout=30_000)
-            assert page.locator(".jp-OutputArea .widget-dropdown select").input_value() == "batch_size"
-            assert page.locator(".jp-OutputArea .widget-text input").first.input_value() == "16"
-            assert page.locator(".jp-OutputArea .widget-button").count() == 4
-            page.click(".jp-OutputArea .widget-button:has-text('Run round')")
-            status = page.locator(".jp-OutputArea .widget-html:has-text('no baseline pinned yet')")
-            status.wait_for(timeout=20_000)  # the click ran RoundPanel.run → Workbook.run_round in the kernel
-            page.screenshot(path=str(ARTIFACTS / "round_panel.png"), full_page=True)
+            page.goto(url)
+            yield page
         finally:
             context.close()
+
+
+def test_round_panel_renders_and_its_button_reaches_the_workbook(lab):
+    url, root = lab
+    with _lab_page(root, url("panel.ipynb")) as page:
+        _run_all(page)
+        page.wait_for_selector(".jp-OutputArea .jupyter-widgets .widget-button", timeout=30_000)
+        assert page.locator(".jp-OutputArea .widget-dropdown select").input_value() == "batch_size"
+        assert page.locator(".jp-OutputArea .widget-text input").first.input_value() == "16"
+        assert page.locator(".jp-OutputArea .widget-button").count() == 4
+        page.click(".jp-OutputArea .widget-button:has-text('Run round')")
+        status = page.locator(".jp-OutputArea .widget-html:has-text('no baseline pinned yet')")
+        status.wait_for(timeout=20_000)  # the click ran RoundPanel.run → Workbook.run_round in the kernel
+        page.screenshot(path=str(ARTIFACTS / "round_panel.png"), full_page=True)
     assert (ARTIFACTS / "round_panel.png").stat().st_size > 10_000
 
 
 def test_baseline_notebook_runs_in_jupyterlab_and_its_widgets_render(lab):
-    from playwright.sync_api import sync_playwright
     url, root = lab
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(str(root.parent / "profile"), executable_path=CHROMIUM,
-                                                        headless=True, args=ARGS,
-                                                        viewport={"width": 1400, "height": 900})
-        try:
-            page = context.pages[0] if context.pages else context.new_page()
-            page.goto(url("01_baseline.ipynb"))
-            _run_all(page)
-            # real training runs (baseline ×2, a profiled run) happen before the panel cell renders
-            page.wait_for_selector(".jp-OutputArea .jupyter-widgets .widget-button", timeout=150_000)
-            assert page.locator(".jp-OutputArea .widget-dropdown select").input_value() == "batch_size"
-            assert page.locator(".jp-OutputArea .jp-RenderedImage img").count() >= 3  # the baseline's plots
-            assert page.locator(".jp-OutputArea-output:has-text('verdict: ')").count() >= 1
-            assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
-                                ":has-text('Traceback')").count() == 0
-            page.locator(".jp-OutputArea .widget-button").first.scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / "baseline_notebook.png"))
-        finally:
-            context.close()
+    with _lab_page(root, url("01_baseline.ipynb")) as page:
+        _run_all(page)
+        # real training runs (baseline ×2, a profiled run) happen before the panel cell renders
+        page.wait_for_selector(".jp-OutputArea .jupyter-widgets .widget-button", timeout=150_000)
+        assert page.locator(".jp-OutputArea .widget-dropdown select").input_value() == "batch_size"
+        assert page.locator(".jp-OutputArea .jp-RenderedImage img").count() >= 3  # the baseline's plots
+        assert page.locator(".jp-OutputArea-output:has-text('verdict: ')").count() >= 1
+        assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+                            ":has-text('Traceback')").count() == 0
+        page.locator(".jp-OutputArea .widget-button").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "baseline_notebook.png"))
     assert (root / "workbook" / "ledger.jsonl").is_file()  # the notebook pinned a real baseline
 
 

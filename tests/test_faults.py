@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import nbformat
@@ -26,19 +25,11 @@ from helpers.config import from_dict
 from helpers.ledger import Ledger
 from helpers.record import load_run, read_metric_rows
 from helpers.rounds import Workbook
-from tests.conftest import REPO, run_cli, tiny_args
+from tests.conftest import REPO, run_cli, tiny_args, wait_for
 
 pytestmark = pytest.mark.slow
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
-
-def _wait_for(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _notebook(path: Path, *sources: str) -> None:
@@ -69,7 +60,7 @@ def faulty_run(tmp_path_factory):
     cmd = [sys.executable, "-m", "helpers", "workbook", "--notebooks", str(books), "--out", str(out)]
     first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert _wait_for(lambda: (out / ".run.lock").is_file() and (out / ".run.lock").read_text().strip(), 60)
+        assert wait_for(lambda: (out / ".run.lock").is_file() and (out / ".run.lock").read_text().strip(), 60)
         second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
         go.touch()
         stdout, stderr = first.communicate(timeout=120)
@@ -192,7 +183,7 @@ def test_killing_a_rounds_candidate_fails_the_round_and_keeps_the_ledger_whole(p
     worker.start()
     cand = wb.path / "rounds" / "01_slow_storage" / "candidate_1"
     try:
-        assert _wait_for(lambda: (cand / "metrics.csv").is_file(), 120), "the candidate never started training"
+        assert wait_for(lambda: (cand / "metrics.csv").is_file(), 120), "the candidate never started training"
         pid = json.loads((cand / "summary.json").read_text())["pid"]
         os.kill(pid, signal.SIGKILL)
     finally:
@@ -223,7 +214,7 @@ def test_killing_the_round_process_leaves_no_entry_and_the_rerun_moves_leftovers
                                     env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True)
     cand = wb.path / "rounds" / "01_r" / "candidate_1"
     try:
-        assert _wait_for(lambda: (cand / "metrics.csv").is_file(), 120), "the candidate never started training"
+        assert wait_for(lambda: (cand / "metrics.csv").is_file(), 120), "the candidate never started training"
         child = json.loads((cand / "summary.json").read_text())["pid"]
     finally:
         os.killpg(orchestrator.pid, signal.SIGKILL)  # the orchestrator and its training child, mid-round

@@ -5,23 +5,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from helpers.record import load_run, read_metric_rows
-from tests.conftest import REPO, run_cli, tiny_args
+from helpers.record import load_run
+from tests.conftest import REPO, run_cli, tiny_args, wait_for
 
 pytestmark = pytest.mark.slow
 
-
-def _wait_for(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_kill_9_mid_run_leaves_readable_record_and_resume_continues(tmp_path, small_corpus):
@@ -32,8 +23,8 @@ def test_kill_9_mid_run_leaves_readable_record_and_resume_continues(tmp_path, sm
                              "--progress", "none"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert _wait_for(lambda: len(list((run / "checkpoints").glob("step_*.ckpt"))) >= 2, 120)
-        assert _wait_for(lambda: (run / "metrics.csv").is_file(), 30)
+        assert wait_for(lambda: len(list((run / "checkpoints").glob("step_*.ckpt"))) >= 2, 120)
+        assert wait_for(lambda: (run / "metrics.csv").is_file(), 30)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
