@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +148,12 @@ class RunRecord:
     def checkpoints(self) -> list[Path]:
         """Checkpoint files, oldest first."""
         return sorted((self.path / "checkpoints").glob("step_*.ckpt"))
+
+
+def median_summary(records: list[RunRecord], key: str) -> float | None:
+    """Median of a summary.json key over runs that have it (units of that key); None when none do."""
+    values = [r.summary[key] for r in records if r.summary.get(key) is not None]
+    return float(statistics.median(values)) if values else None
 
 
 def load_run(run_dir: str | os.PathLike) -> RunRecord:

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from .record import RunRecord, load_run
+from .record import RunRecord, load_run, median_summary
 
 MIB = 2 ** 20
 
@@ -116,11 +116,6 @@ def verdict_lines(results: list) -> str:
     return "\n".join(verdict_text(r) for r in results)
 
 
-def _median_of(records: list[RunRecord], key: str) -> float | None:
-    values = [r.summary.get(key) for r in records if r.summary.get(key) is not None]
-    return median(values) if values else None
-
-
 def break_even_table(compiled: dict[str, list[RunRecord]], others: dict[str, list[RunRecord]]) -> pd.DataFrame:
     """For each (compiled, other) pair: steps until the compiled run's start-up cost is paid back.
 
@@ -129,8 +124,8 @@ def break_even_table(compiled: dict[str, list[RunRecord]], others: dict[str, lis
     rows = []
     for c_label, c_runs in compiled.items():
         for o_label, o_runs in others.items():
-            figures = [_median_of(c_runs, "compile_s"), _median_of(c_runs, "step_time_ms"),
-                       _median_of(o_runs, "compile_s"), _median_of(o_runs, "step_time_ms")]
+            figures = [median_summary(c_runs, "compile_s"), median_summary(c_runs, "step_time_ms"),
+                       median_summary(o_runs, "compile_s"), median_summary(o_runs, "step_time_ms")]
             steps = break_even_steps(*figures) if None not in figures else None
             rows.append({"compiled": c_label, "vs": o_label, "first step (s)": _num(figures[0], digits=2),
                          "step (ms)": _num(figures[1]), "other first step (s)": _num(figures[2], digits=2),

@@ -27,13 +27,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
-
 from . import config as config_mod
 from .config import Config
 from .convergence import CONVERGENCE_VARIABLES, OBJECTIVES, judge_convergence
 from .ledger import Ledger, RoundError, WorkbookLock
-from .record import RecordError, RunRecord, atomic_write_json, atomic_write_text, load_run
+from .record import RecordError, RunRecord, atomic_write_json, atomic_write_text, load_run, median_summary
 from .runner import launch
 from .verdict import Verdict, failed, judge, loss_gate_for, noise_band
 
@@ -93,12 +91,6 @@ def _user() -> str:
 def _reasons(why: str, reasoning: dict | None) -> dict:
     """Ledger fields saying why an entry was made (only those given)."""
     return {**({"why": " ".join(why.split())} if why else {}), **({"reasoning": reasoning} if reasoning else {})}
-
-
-def _median(runs: list[RunRecord], key: str) -> float | None:
-    values = [r.summary.get(key) for r in runs]
-    values = [v for v in values if v is not None]
-    return float(np.median(values)) if values else None
 
 
 class Workbook:
@@ -322,7 +314,7 @@ class Workbook:
                 records.append(record)
             runs = [self._rel(r.path) for r in records]
             self._append({"event": "baseline", "round": 0, "name": "baseline", "changes": {}, "runs": runs,
-                          "tokens_per_s": _median(records, "tokens_per_s"), "verdict": None,
+                          "tokens_per_s": median_summary(records, "tokens_per_s"), "verdict": None,
                           "decision": "baseline", "who": who or _user(), "when": _now()}, 0, entries)
             return records
 
@@ -530,17 +522,17 @@ class Workbook:
             return fn(base_cfg, base_runs), fn(best_cfg, best_runs)
 
         rows = [
-            ("model params", "parameters", pair(lambda c, r: _median(r, "n_params"))),
+            ("model params", "parameters", pair(lambda c, r: median_summary(r, "n_params"))),
             ("data parallel", "processes", pair(lambda c, r: c.parallel.data_parallel)),
             ("batch per device", "sequences", pair(lambda c, r: c.batch_size)),
             ("gradient accumulation", "micro-batches", pair(lambda c, r: c.grad_accum_steps)),
-            ("step time", "ms", pair(lambda c, r: _median(r, "step_time_ms"))),
-            ("throughput", "tokens/s", pair(lambda c, r: _median(r, "tokens_per_s"))),
-            ("MFU", "fraction", pair(lambda c, r: _median(r, "mfu"))),
-            ("peak memory", "bytes", pair(lambda c, r: _median(r, "peak_memory_bytes"))),
-            ("comm share", "fraction", pair(lambda c, r: _median(r, "comm_share"))),
-            (f"loss after {steps} steps", "nats/token", pair(lambda c, r: _median(r, "loss_last"))),
-            ("val loss", "nats/token", pair(lambda c, r: _median(r, "val_loss"))),
+            ("step time", "ms", pair(lambda c, r: median_summary(r, "step_time_ms"))),
+            ("throughput", "tokens/s", pair(lambda c, r: median_summary(r, "tokens_per_s"))),
+            ("MFU", "fraction", pair(lambda c, r: median_summary(r, "mfu"))),
+            ("peak memory", "bytes", pair(lambda c, r: median_summary(r, "peak_memory_bytes"))),
+            ("comm share", "fraction", pair(lambda c, r: median_summary(r, "comm_share"))),
+            (f"loss after {steps} steps", "nats/token", pair(lambda c, r: median_summary(r, "loss_last"))),
+            ("val loss", "nats/token", pair(lambda c, r: median_summary(r, "val_loss"))),
         ]
         return [{"metric": metric, "unit": unit, "baseline": a, "best": b,
                  "ratio": (b / a if a not in (None, 0) and b is not None else None)}
