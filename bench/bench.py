@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 from helpers.config import dump, load_config, with_changes  # noqa: E402
 from helpers.record import atomic_write_json, load_run  # noqa: E402
-from helpers.runner import child_env  # noqa: E402
+from helpers.spawn.runner import child_env  # noqa: E402
 from noise_items import item_aa, item_clock, noise_rows  # noqa: E402  (bench/ is sys.path[0])
 
 RESULTS = REPO / "bench" / "results"
@@ -56,7 +56,7 @@ def bare_loop(config_yaml: str, steps: int, skip: int) -> float:
     end synchronised by reading the loss.
     """
     import mindspore as ms
-    from helpers.train import Trainer, configure_mindspore
+    from helpers.run.train import Trainer, configure_mindspore
     cfg = load_config(config_yaml)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(cfg, tmp)
@@ -77,7 +77,7 @@ def bare_loop(config_yaml: str, steps: int, skip: int) -> float:
 def monitored_loop(config_yaml: str, steps: int, skip: int) -> float:
     """Child side: the full trainer (metrics row, monitors, RSS, record writes), wall ms/step over the same
     window as `bare_loop`, stamped after each step's row is written (the final eval and checkpoint excluded)."""
-    from helpers.train import Trainer
+    from helpers.run.train import Trainer
     cfg = load_config(config_yaml)
     stamps: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,7 +108,7 @@ def item_overhead(rounds: int, steps: int, skip: int = 10) -> dict:
 
 def item_mfu(steps: int) -> dict:
     """Achieved MFU of the presets in graph mode against the fp32 matmul peak measured now (helpers.env)."""
-    peak = float(_python("-c", "from helpers.env import peak_flops; print(peak_flops('CPU', 'fp32', 0, "
+    peak = float(_python("-c", "from helpers.run.env import peak_flops; print(peak_flops('CPU', 'fp32', 0, "
                                "refresh=True))").strip().splitlines()[-1])
     out = {"formula": "flops/token = 6·N + 12·L·d·T (N = parameters without position embeddings, L layers, "
                       "d width, T context); recompute not counted; MFU = tokens/s × flops/token ÷ peak",

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from helpers.config import dump
 from helpers.record import load_run
-from helpers.rounds import Workbook
-from helpers.runner import child_env
-from helpers.study import base_config
+from helpers.tune.rounds import Workbook
+from helpers.spawn.runner import child_env
+from helpers.tune.study import base_config
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -6,8 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from .config import ConfigError, load_config
-from .record import RecordError, load_run
+from helpers import config as config_mod
+from helpers.config import ConfigError, load_config
+from helpers.record import RecordError, load_run
 
 KNOWN_ERRORS = (ConfigError, RecordError)
 
@@ -85,14 +86,14 @@ def cmd_resume(args) -> int:
     changes = {"resume_from": str(Path(args.run_dir))}
     if args.steps:
         changes["steps"] = args.steps
-    from .config import with_changes
+    from helpers.config import with_changes
     return _run(with_changes(record.config, changes), args.run_dir, args.progress)
 
 
 def _run(cfg, out, progress) -> int:
     if cfg.parallel.data_parallel > 1:
         return _run_msrun(cfg, out, progress)
-    from .train import Trainer
+    from helpers.run.train import Trainer
     trainer = Trainer(cfg, out, _progress(progress))  # an unusable --out fails here, before any record
     try:
         outcome = trainer.run()
@@ -119,7 +120,7 @@ def _left_behind(out) -> str:
 
 def _run_msrun(cfg, out, progress) -> int:
     """Data parallel: msrun starts the ranks; the merged record is read back like a one-process run's."""
-    from .msrun import train_data_parallel
+    from helpers.spawn.msrun import train_data_parallel
     code = train_data_parallel(cfg, out, _progress(progress))
     try:
         record = load_run(out)
@@ -140,7 +141,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_workbook(args) -> int:
-    from .workbook_run import WorkbookError, run_workbook
+    from helpers.book.notebooks import WorkbookError, run_workbook
     try:
         results = run_workbook(args.params, args.out, args.notebooks)
     except WorkbookError as exc:
@@ -151,6 +152,50 @@ def cmd_workbook(args) -> int:
         print(f"{len(failed)} notebook(s) failed: {', '.join(failed)} (their executed copies show the error)",
               file=sys.stderr)
     return 1 if failed else 0
+
+
+def cmd_profile(args) -> int:
+    from helpers.run.profile import check_path, load_profile
+    check_path(args.out)
+    cfg = load_config(args.config, args.set)
+    cfg = config_mod.with_changes(cfg, {"monitor.profile_steps": args.steps, "monitor.profile_start": args.start})
+    code = _run(cfg, args.out, args.progress)
+    if code not in (0, 3):
+        return code
+    report = load_profile(args.out)
+    print(f"profiled steps {report.window[0]}-{report.window[1]} · raw output {args.out}/{report.raw_dir}")
+    print(report.table_text(args.top))
+    print(f"op time {report.op_time_ms_per_step:.2f} ms/step · data-pipeline share {report.data_wait_share:.1%} "
+          f"· communication share {report.comm_share if isinstance(report.comm_share, str) else f'{report.comm_share:.1%}'}")
+    print(report.overhead_text())
+    return code
+
+
+def cmd_diagnose(args) -> int:
+    from helpers.tune.diagnose import diagnose, write_bottleneck
+    record = load_run(args.run_dir)
+    result = diagnose(record)
+    write_bottleneck(record, result)
+    print(result.text())
+    return 0
+
+
+def cmd_autotune(args) -> int:
+    from helpers.tune.autotune import AutotuneError, autotune, check_budget
+    from helpers.tune.rounds import RoundError, Workbook
+    try:
+        check_budget(args.budget_min)  # before the config is read: the cheaper check first
+        cfg = config_mod.load_config(args.config, args.set)
+        result = autotune(cfg, args.out, args.budget_min, repeats=args.repeats,
+                          keep_global_batch=args.keep_global_batch, max_rounds=args.max_rounds,
+                          log=lambda line: print(line, file=sys.stderr, flush=True))
+    except (AutotuneError, RoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from helpers.book.report import before_after_table
+    print(result.text())
+    print(before_after_table(Workbook.open(args.out).before_after()).to_string())
+    return 0
 
 
 PROGRESS_CHOICES = ["bar", "json", "log", "none"]
@@ -188,17 +233,35 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("run_dir")
     s.set_defaults(func=cmd_show)
 
-    from .workbook_run import NOTEBOOKS_DIR
+    from helpers.paths import NOTEBOOKS_DIR
     w = sub.add_parser("workbook", help="run every notebook headless → executed copies, HTML, index.html")
     w.add_argument("--params", help="YAML mapping of notebook parameters (papermill -f)")
     w.add_argument("--out", help="report folder (default reports/<timestamp>; a 'latest' link goes next to it)")
     w.add_argument("--notebooks", default=str(NOTEBOOKS_DIR), help="folder of NN_*.ipynb notebooks")
     w.set_defaults(func=cmd_workbook)
 
-    from .eval_cli import add_commands
-    add_commands(sub, default_progress)
-    from .autotune import add_command as add_autotune
-    add_autotune(sub)
+    pf = sub.add_parser("profile", help="train with a profiler window; print the top operators and overhead")
+    add_config_arguments(pf)
+    pf.add_argument("--steps", type=int, default=40, help="profiled steps (default 40)")
+    pf.add_argument("--start", type=int, default=0, help="first profiled step; 0 = after steady_after")
+    pf.add_argument("--top", type=int, default=10, help="operators to print")
+    pf.add_argument("--out", required=True, help="run directory to write (no '=' or ',' in the path)")
+    add_progress_argument(pf, default_progress)
+    pf.set_defaults(func=cmd_profile)
+
+    d = sub.add_parser("diagnose", help="bottleneck verdict, alarms and troubleshooting rows for a run")
+    d.add_argument("run_dir")
+    d.set_defaults(func=cmd_diagnose)
+
+    a = sub.add_parser("autotune", help="walk tuning rounds from a baseline within a time budget")
+    add_config_arguments(a, "YAML config of the baseline")
+    a.add_argument("--budget-min", type=float, required=True, help="wall-clock budget in minutes")
+    a.add_argument("--out", required=True, help="workbook folder (a new one, or one to continue)")
+    a.add_argument("--repeats", type=int, default=2, help="runs per config and round (default 2)")
+    a.add_argument("--max-rounds", type=int, help="stop after this many rounds (default: no limit)")
+    a.add_argument("--keep-global-batch", action="store_true",
+                   help="batch rounds trade accumulation for micro-batch, keeping the global batch")
+    a.set_defaults(func=cmd_autotune)
     return p
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from .config import Config, from_dict
+from helpers.config import Config, from_dict
 
 CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, ENV_FILE = "config.yaml", "metrics.csv", "summary.json", "env.json"
 
@@ -29,7 +29,9 @@ METRIC_COLUMNS = ["step", "step_time_ms", "data_wait_ms", "tokens", "tokens_per_
                   "val_loss", "val_ppl", "loss_drop_per_ktok", "alarms"]
 TEXT_COLUMNS = {"alarms"}  # read back as text, not numbers
 
-SUMMARY_KEYS = ["status", "status_reason", "steps", "tokens_per_s", "step_time_ms", "step_time_ms_p10",
+# 2: the bottleneck is `bottleneck` (was `verdict`), comm shares have a name per quantity, `record_version` itself.
+RECORD_VERSION = 2
+SUMMARY_KEYS = ["record_version", "status", "status_reason", "steps", "tokens_per_s", "step_time_ms", "step_time_ms_p10",
                 "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share", "peak_memory_bytes",
                 "mfu", "peak_flops", "loss_first", "loss_last", "val_loss", "val_ppl", "grad_norm_max",
                 "comm_share"]
@@ -156,6 +158,32 @@ def median_summary(records: list[RunRecord], key: str) -> float | None:
     return float(statistics.median(values)) if values else None
 
 
+def upgrade_summary(summary: dict) -> dict:
+    """A summary.json of any earlier record version, read with today's key names (the file is not touched)."""
+    if summary.get("record_version", 1) >= RECORD_VERSION:
+        return summary
+    out = dict(summary)
+    for old, new in (("verdict", "bottleneck"), ("verdict_evidence", "bottleneck_evidence")):
+        if old in out:
+            out.setdefault(new, out.pop(old))
+    return {**out, "record_version": RECORD_VERSION, "upgraded_from": summary.get("record_version", 1)}
+
+
+def write_summary(run_dir: str | os.PathLike, summary: dict) -> None:
+    """The one writer of summary.json: the SUMMARY_KEYS first (in order), then the rest; atomic."""
+    summary = {**summary, "record_version": RECORD_VERSION}
+    ordered = {k: summary.get(k) for k in SUMMARY_KEYS}
+    atomic_write_json(Path(run_dir) / SUMMARY_FILE, {**ordered, **summary})
+
+
+def update_summary(run_dir: str | os.PathLike, keys: dict) -> dict:
+    """Add or replace `keys` in a run's summary.json (through `write_summary`); returns the new summary."""
+    path = Path(run_dir) / SUMMARY_FILE
+    summary = {**upgrade_summary(json.loads(path.read_text(encoding="utf-8"))), **keys}
+    write_summary(run_dir, summary)
+    return summary
+
+
 def load_run(run_dir: str | os.PathLike) -> RunRecord:
     """Read a run directory. A run whose process died mid-way reads as status 'interrupted'."""
     path = Path(run_dir)
@@ -173,6 +201,7 @@ def load_run(run_dir: str | os.PathLike) -> RunRecord:
         raise RecordError(f"run record {str(path)!r} is unreadable ({exc}); it was not written by this tool") \
             from None
     metrics = read_metric_rows(path / METRICS_FILE) if (path / METRICS_FILE).is_file() else []
+    summary = upgrade_summary(summary)
     if summary.get("status") == "running" and not _pid_alive(summary.get("pid")):
         summary = {**summary, "status": "interrupted",
                    "status_reason": f"the training process (pid {summary.get('pid')}) ended without finishing; "
@@ -209,7 +238,7 @@ class RecordWriter:
         self.write_summary(summary)
 
     def write_summary(self, summary: dict) -> None:
-        atomic_write_json(self.path / SUMMARY_FILE, summary)
+        write_summary(self.path, summary)
 
     def add(self, row: dict, now: float) -> None:
         self.rows.append(row)

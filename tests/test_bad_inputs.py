@@ -16,12 +16,12 @@ import socket
 import pytest
 
 from helpers.config import ConfigError, from_dict, load_config
-from helpers.data import DataError
-from helpers.msrun import check_port
+from helpers.run.data import DataError
+from helpers.spawn.msrun import check_port
 from helpers.record import RecordError, load_run
-from helpers.rounds import RoundError, Workbook
-from helpers.train import Trainer
-from helpers.workbook_run import NOTEBOOKS_DIR, WorkbookError, check_params, discover, notebook_parameters
+from helpers.tune.rounds import RoundError, Workbook
+from helpers.run.train import Trainer
+from helpers.book.notebooks import NOTEBOOKS_DIR, WorkbookError, check_params, discover, notebook_parameters
 from tests.conftest import make_text, run_cli, tiny_args
 
 ERRORS = (ConfigError, DataError, RecordError, RoundError, WorkbookError)

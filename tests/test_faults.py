@@ -2,7 +2,7 @@
 a full disk, a read-only output folder, a round's candidate or the round's own process killed mid-way, and a
 ledger append the disk refuses part-way.
 
-(A NaN mid-round is tests/test_rounds.py::test_diverging_candidate_is_failed_and_recorded; kill -9 of a plain
+(A NaN mid-round is tests/tune/test_rounds.py::test_diverging_candidate_is_failed_and_recorded; kill -9 of a plain
 training run and its resume are in tests/test_reliability.py.)
 """
 from __future__ import annotations
@@ -22,9 +22,9 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from helpers.config import from_dict
-from helpers.ledger import Ledger
+from helpers.tune.ledger import Ledger
 from helpers.record import load_run, read_metric_rows
-from helpers.rounds import Workbook
+from helpers.tune.rounds import Workbook
 from tests.conftest import REPO, run_cli, tiny_args, wait_for
 
 pytestmark = pytest.mark.slow
@@ -204,7 +204,7 @@ def test_killing_a_rounds_candidate_fails_the_round_and_keeps_the_ledger_whole(p
 def test_killing_the_round_process_leaves_no_entry_and_the_rerun_moves_leftovers_aside(pinned, tmp_path):
     wb = _copy(pinned, tmp_path / "book")
     before = (wb.path / "ledger.jsonl").read_text()
-    script = ("import sys\nfrom helpers.rounds import Workbook\n"
+    script = ("import sys\nfrom helpers.tune.rounds import Workbook\n"
               f"Workbook.open(sys.argv[1]).run_round('r', {SLOW!r}, progress=False)\n")
     # The killed orchestrator's training child is orphaned; as a subreaper this process inherits and reaps it
     # (PID 1 here does not), so it does not linger as a zombie that still reads as 'running'.
@@ -240,7 +240,7 @@ def test_ledger_append_refused_by_the_disk_leaves_no_half_line(tmp_path):
     Ledger(ledger).append({"event": "baseline", "round": 0})
     before = ledger.read_bytes()
     # A file-size limit just above the ledger makes the next append fail part-way (EFBIG), as a full disk does.
-    script = ("import resource, signal, sys\nfrom helpers.ledger import Ledger\nfrom helpers.record import RecordError\n"
+    script = ("import resource, signal, sys\nfrom helpers.tune.ledger import Ledger\nfrom helpers.record import RecordError\n"
               "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
               f"resource.setrlimit(resource.RLIMIT_FSIZE, ({len(before) + 10}, resource.RLIM_INFINITY))\n"
               "try:\n    Ledger(sys.argv[1]).append({'event': 'round', 'round': 1, 'name': 'x' * 200})\n"

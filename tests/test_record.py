@@ -1,12 +1,13 @@
 import json
 import os
-import signal
+from pathlib import Path
 
 import pytest
 
 from helpers.config import dump, from_dict
 from helpers.record import (RecordError, RecordWriter, atomic_write_text, load_run, read_metric_rows,
                             rows_to_csv)
+from tests.conftest import run_cli
 
 
 def _row(step):
@@ -65,3 +66,18 @@ def test_csv_empty_cells_round_trip(tmp_path):
     path = tmp_path / "m.csv"
     path.write_text(rows_to_csv([_row(1)]))
     assert read_metric_rows(path)[0]["val_loss"] is None
+
+
+def test_a_record_written_at_7c15080_still_loads_and_shows():
+    """Record format v1 (before the house moved into floors): load_run reads it, `show` prints it."""
+    from helpers.cli import show_table
+    from helpers.record import RECORD_VERSION
+    old = Path(__file__).parent / "data" / "record_7c15080"
+    record = load_run(old)
+    assert record.status == "ok" and record.summary["steps"] == 12 and len(record.metrics) == 12
+    assert record.summary["record_version"] == RECORD_VERSION and record.summary["upgraded_from"] == 1
+    assert record.config.model.preset == "tiny" and record.metrics[-1]["val_loss"] is not None
+    table = show_table(record)
+    assert "12,747" in table and "tiny" not in table  # tokens/s as written then; the table shows the summary
+    proc = run_cli("show", str(old))
+    assert proc.returncode == 0 and "tokens_per_s" in proc.stdout, proc.stderr

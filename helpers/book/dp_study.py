@@ -1,0 +1,122 @@
+"""What notebook 10 (data parallel) calls: its configs, its runs, its tables and its loss-equivalence check.
+
+Every figure comes from the run records (real runs) or from `planner` (arithmetic, labelled as an estimate).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from helpers.config import Config, from_dict, with_changes
+from helpers.paths import REPO_ROOT
+from helpers.book.planner import GB, MODELS, Strategy, eight_by_40gb, estimate, plan_rows, recommend, shape_of
+from helpers.record import RunRecord
+from helpers.spawn.runner import launch
+
+MIB = 2**20
+FUSIONS = {"dp2 unfused": {"parallel.comm_fusion": "none"},
+           "dp2 fused by size": {"parallel.comm_fusion": "size"},
+           "dp2 fused by index": {"parallel.comm_fusion": "index", "parallel.fusion_indices": [5, 10]}}
+
+
+def dp_configs(preset: str, steps: int, corpus: str, batch_size: int, device_target: str = "CPU",
+               fusion_mb: int = 32) -> dict[str, Config]:
+    """The single-process baseline and DP=2 runs (unfused, fused by size, fused by index), same global batch."""
+    base = from_dict({"model": {"preset": preset}, "data": {"corpus": [corpus]}, "steps": steps,
+                      "batch_size": batch_size, "warmup": max(1, steps // 10), "eval_every": 0,
+                      "eval_batches": 4, "steady_after": max(2, min(5, steps // 5)),
+                      "device_target": device_target, "parallel": {"fusion_size_mb": fusion_mb}})
+    out = {"single process": base}
+    for label, knobs in FUSIONS.items():
+        out[label] = with_changes(base, {"parallel.data_parallel": 2, **knobs})
+    return out
+
+
+def run_all(configs: dict[str, Config], runs_dir: str | os.PathLike) -> dict[str, RunRecord]:
+    """Train every config in its own folder under runs_dir (relative: to the repository root) via `runner.launch`."""
+    root = Path(runs_dir) if Path(runs_dir).is_absolute() else REPO_ROOT / runs_dir
+    return {label: launch(cfg, root / label.replace(" ", "_"), desc=label) for label, cfg in configs.items()}
+
+
+def comm_table(records: dict[str, RunRecord]) -> pd.DataFrame:
+    """Speed and communication of each run: merged step time, tokens/s, all-reduce calls, comm ms and share."""
+    rows = []
+    for label, rec in records.items():
+        s, p = rec.summary, rec.config.parallel
+        rows.append({"run": label, "status": s.get("status"), "processes": p.data_parallel,
+                     "fusion": p.comm_fusion if p.data_parallel > 1 else "-",
+                     "step (ms, slowest rank)": s.get("step_time_ms"), "tokens/s": s.get("tokens_per_s"),
+                     "all-reduce calls/step": s.get("allreduce_calls_per_step"),
+                     "all-reduce ms/step": s.get("comm_ms_per_step"),
+                     "comm share (%)": None if s.get("comm_share") is None else 100 * s["comm_share"],
+                     "per-rank step (ms)": s.get("rank_step_time_ms"),
+                     "peak RSS per rank (MiB)": (s.get("peak_memory_bytes") or 0) / MIB,
+                     "loss last": s.get("loss_last"), "val loss": s.get("val_loss")})
+    return pd.DataFrame(rows).set_index("run").round(3)
+
+
+def loss_equivalence(single: RunRecord, parallel: RunRecord) -> dict:
+    """Max absolute and relative per-step loss difference between two runs over their common steps."""
+    a = {r["step"]: r["loss"] for r in single.metrics}
+    b = {r["step"]: r["loss"] for r in parallel.metrics}
+    steps = sorted(set(a) & set(b))
+    x, y = np.array([a[s] for s in steps]), np.array([b[s] for s in steps])
+    return {"steps compared": len(steps), "max abs diff": float(np.abs(x - y).max()),
+            "max rel diff": float((np.abs(x - y) / np.abs(x)).max())}
+
+
+def loss_diff_plot(single: RunRecord, parallel: RunRecord):
+    """Two panels: both loss curves, and their per-step absolute difference (log scale)."""
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for rec, label, style in ((single, "single process", "-"), (parallel, "DP=2 (merged)", "--")):
+        ax1.plot([r["step"] for r in rec.metrics], [r["loss"] for r in rec.metrics], style, label=label)
+    ax1.set(xlabel="step", ylabel="training loss (nats/token)", title="Same global batch, same loss curve")
+    ax1.legend()
+    diff = np.abs(np.array([r["loss"] for r in single.metrics]) - np.array([r["loss"] for r in parallel.metrics]))
+    ax2.semilogy([r["step"] for r in single.metrics], np.maximum(diff, 1e-12))
+    ax2.set(xlabel="step", ylabel="|loss difference|", title="Per-step difference (float32 reduction order)")
+    fig.tight_layout()
+    return fig
+
+
+def hand_arithmetic_7b() -> pd.DataFrame:
+    """7B in fp16 with AdamW, by hand (bytes/param x 7e9) next to the planner's estimate (GB = 1e9 bytes)."""
+    e = estimate(MODELS["7B"], Strategy(dp=1, dtype="fp16"))
+    hand = {"weights (fp16, 2 B/param)": 7e9 * 2, "gradients (fp16, 2 B/param)": 7e9 * 2,
+            "AdamW: fp32 master + m + v (12 B/param)": 7e9 * 12}
+    planner = [e.params, e.grads, e.optimizer]
+    rows = [{"part": k, "hand (GB)": v / GB, "planner (GB)": p / GB} for (k, v), p in zip(hand.items(), planner)]
+    rows.append({"part": "model state total (16 B/param)", "hand (GB)": sum(hand.values()) / GB,
+                 "planner (GB)": e.model_state / GB})
+    return pd.DataFrame(rows).set_index("part")
+
+
+def strategy_table(device_gb: float = 40.0) -> pd.DataFrame:
+    """The 8 x 40 GB example for 7B, then one fitting plan per larger size (estimates, micro-batch 1)."""
+    rows = eight_by_40gb()
+    for name, strategy in (("13B", Strategy(dp=2, tp=4, recompute=True, optimizer_shard=True)),
+                           ("30B", Strategy(dp=2, tp=4, pp=2, recompute=True, optimizer_shard=True)),
+                           ("70B", Strategy(dp=2, tp=8, pp=4, recompute=True, optimizer_shard=True))):
+        rows += plan_rows(MODELS[name], [strategy], device_gb * GB)
+    table = pd.DataFrame(rows)
+    table["usual strategy for the size"] = [recommend(MODELS[m].n_params) for m in table["model"]]
+    return table.round(2)
+
+
+def memory_check(record: RunRecord) -> pd.DataFrame:
+    """The planner's estimate for a run's own model (fp32, its batch) next to the run's measured peak RSS."""
+    cfg, s = record.config, record.summary
+    from helpers.run.data import Tokenizer
+    vocab = cfg.model.vocab_size or Tokenizer.load(record.path / "tokenizer.json").vocab_size
+    shape = shape_of(cfg, int(s["n_params"]), vocab)
+    per_rank = cfg.batch_size // cfg.parallel.data_parallel
+    e = estimate(shape, Strategy(dp=cfg.parallel.data_parallel, micro_batch=per_rank, dtype="fp32",
+                                 recompute=cfg.recompute == "blocks"))
+    return pd.DataFrame([{"run": record.path.name, "estimated model state (MiB)": e.model_state / MIB,
+                          "estimated activations (MiB)": e.activations / MIB,
+                          "estimated total (MiB)": e.total / MIB,
+                          "measured peak RSS per process (MiB)": s["peak_memory_bytes"] / MIB}]).set_index("run")

@@ -1,0 +1,327 @@
+"""`python -m helpers workbook`: every notebook run headless with papermill, then HTML reports and an index.
+
+Output, under `reports/<timestamp>/` (or --out): one executed `.ipynb` and one `.html` per notebook, the
+shared workbook folder the notebooks fill (`workbook/`), `index.html`, and a `latest` symlink next to it.
+A failing notebook keeps its executed copy (papermill's error cell); the run goes on and the index says so.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+import html
+import os
+import shutil
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import yaml
+
+from helpers.paths import NOTEBOOKS_DIR, REPORTS_DIR
+from helpers.tune.ledger import RoundError, WorkbookLock
+from helpers.spawn.runner import child_env
+
+# Offline widget rendering: local copies of require.js and the widget HTML manager (`make widgets-js`).
+WIDGETS_JS_DIR = Path(sys.prefix) / "share" / "workbook-js"
+FAILED_PARAM = "failed_notebooks"  # a notebook declaring it gets {name: error line} of earlier failures
+
+
+class WorkbookError(ValueError):
+    """Bad workbook input (parameters file, parameter type, notebooks folder); one actionable line."""
+
+
+@dataclass
+class NotebookResult:
+    """How one notebook ran: status 'ok' or 'failed', wall seconds, the error line, output paths."""
+    name: str
+    status: str
+    seconds: float
+    error: str
+    ipynb: Path
+    html: Path | None
+
+
+# ------------------------------------------------------------------------------------------ parameters
+
+def notebook_parameters(path: Path) -> dict[str, Any]:
+    """Defaults assigned in the notebook's cell tagged `parameters` ({} when it has none)."""
+    import nbformat
+    nb = nbformat.read(str(path), as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
+            out = {}
+            for node in ast.parse(cell.source).body:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    out[node.targets[0].id] = ast.literal_eval(node.value)
+            return out
+    return {}
+
+
+_TYPE_WORDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string",
+               list: "a list", dict: "a mapping"}
+_PLURAL_WORDS = {bool: "true/false values", int: "whole numbers", float: "numbers", str: "strings",
+                 list: "lists", dict: "mappings"}
+
+
+def _fits(value: Any, default: Any) -> bool:
+    if default is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, list):
+        return isinstance(value, list) and (not default or all(_fits(v, default[0]) for v in value))
+    return isinstance(value, type(default))
+
+
+def check_params(given: dict[str, Any], defaults: dict[str, dict[str, Any]]) -> None:
+    """Raise a one-line WorkbookError for an unknown parameter or one whose type differs from its default.
+
+    defaults: {notebook name: {parameter: default}}; a parameter must exist in at least one notebook.
+    """
+    known: dict[str, tuple[str, Any]] = {}
+    for nb_name, params in defaults.items():
+        for key, value in params.items():
+            known.setdefault(key, (nb_name, value))
+    for key, value in given.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise WorkbookError(f"unknown notebook parameter '{key}'; {hint}known: {', '.join(sorted(known))}")
+        nb_name, default = known[key]
+        if not _fits(value, default):
+            if isinstance(default, list) and default:
+                what = f"a list of {_PLURAL_WORDS.get(type(default[0]), type(default[0]).__name__)}"
+            else:
+                what = _TYPE_WORDS.get(type(default), type(default).__name__)
+            raise WorkbookError(f"notebook parameter {key}={value!r} must be {what} "
+                                f"(default in {nb_name}: {key} = {default!r})")
+
+
+def preflight(given: dict[str, Any], defaults: dict[str, dict[str, Any]]) -> None:
+    """Build the notebooks' base config from preset/steps/corpus (given over defaults), so an impossible value
+    (preset: huge, steps: 0) fails in one line before the first notebook runs."""
+    from helpers.config import ConfigError
+    from helpers.tune.study import base_config
+    keys = ("preset", "steps", "corpus")
+    merged: dict[str, Any] = {}
+    for params in defaults.values():
+        if all(k in params for k in keys):
+            merged = {k: params[k] for k in keys}
+            break
+    if merged:
+        merged.update({k: given[k] for k in keys if k in given})
+        try:
+            base_config(**merged)
+        except ConfigError as exc:
+            raise WorkbookError(f"notebook parameters give an invalid config: {exc}") from None
+
+
+def load_params(path: str | os.PathLike | None) -> dict[str, Any]:
+    """Parameters from a YAML mapping file (papermill -f semantics); {} when path is None."""
+    if path is None:
+        return {}
+    p = Path(path)
+    if not p.is_file():
+        raise WorkbookError(f"parameters file {str(p)!r} does not exist; pass an existing YAML file to --params")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise WorkbookError(f"parameters file {str(p)!r} is not valid YAML"
+                            f"{f' at line {mark.line + 1}' if mark else ''}; fix its syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise WorkbookError(f"parameters file {str(p)!r} must be a mapping of name: value, e.g. 'steps: 50'")
+    return data
+
+
+def discover(notebooks_dir: Path) -> list[Path]:
+    """Notebooks named NN_*.ipynb, in order."""
+    found = sorted(Path(notebooks_dir).glob("[0-9][0-9]_*.ipynb"))
+    if not found:
+        raise WorkbookError(f"no NN_*.ipynb notebooks in {str(notebooks_dir)!r}; pass the workbook's notebooks folder")
+    return found
+
+
+# --------------------------------------------------------------------------------------------- running
+
+@contextmanager
+def kernel_env():
+    """Kernels started inside inherit the training child's environment (repo importable, quiet C++ log)."""
+    saved = dict(os.environ)
+    os.environ.update(child_env())
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def execute(src: Path, dst: Path, params: dict[str, Any], kernel: str = "python3") -> tuple[str, str]:
+    """Run one notebook with papermill (cwd = its folder); returns (status, error line)."""
+    import papermill as pm
+    try:
+        pm.execute_notebook(str(src), str(dst), parameters=params, kernel_name=kernel, cwd=str(src.parent),
+                            progress_bar=False, log_output=False)
+    except pm.PapermillExecutionError as exc:
+        return "failed", f"{exc.ename}: {str(exc.evalue).splitlines()[0] if exc.evalue else ''}"
+    except Exception as exc:  # kernel death, bad notebook JSON: still a failed notebook, not a failed run
+        from nbclient.exceptions import DeadKernelError
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return "failed", mark_dead_kernel(dst, error) if isinstance(exc, DeadKernelError) else error
+    return "ok", ""
+
+
+def mark_dead_kernel(ipynb: Path, error: str) -> str:
+    """Put a dead kernel's error on the cell it died in (the last one papermill started); returns the error line.
+
+    papermill keeps the executed copy but records no error in it when the kernel process is killed
+    (a signal, or the OOM killer), so without this the copy looks as if its cells just stopped.
+    """
+    import nbformat
+    try:
+        nb = nbformat.read(str(ipynb), as_version=4)
+    except (OSError, ValueError):
+        return error
+    started = [i for i, c in enumerate(nb.cells)
+               if c.cell_type == "code" and c.metadata.get("papermill", {}).get("start_time")]
+    if not started:
+        return error
+    error = (f"{error} while running cell {started[-1] + 1} (the kernel process was killed: a signal or out of "
+             f"memory?); the executed copy shows the cell")
+    cell = nb.cells[started[-1]]
+    cell.outputs.append(nbformat.v4.new_output("error", ename="DeadKernelError", evalue=error, traceback=[error]))
+    cell.metadata["papermill"]["exception"] = True
+    nbformat.write(nb, str(ipynb))
+    return error
+
+
+@contextmanager
+def one_run_per_folder(out: Path) -> Iterator[None]:
+    """Hold <out>/.run.lock for a whole workbook run: a second run into the same folder is refused in one
+    line, instead of interleaving its rounds with the first's in the shared ledger."""
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(WorkbookLock(out / ".run.lock", "runs the workbook into it").hold())
+        except RoundError as exc:
+            raise WorkbookError(str(exc)) from None
+        yield
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard link (the JS is ~16 MB with its fonts) or, across file systems, copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def widget_assets(out: Path) -> dict[str, str]:
+    """Copy the vendored widget JS next to the reports; HTMLExporter options pointing at it ({} if absent)."""
+    manager, require = WIDGETS_JS_DIR / "html-manager" / "embed-amd.js", WIDGETS_JS_DIR / "require.js"
+    if not (manager.is_file() and require.is_file()):
+        return {}
+    shutil.copytree(WIDGETS_JS_DIR, out / "_static", dirs_exist_ok=True, copy_function=_link_or_copy,
+                    ignore=shutil.ignore_patterns("embed.js", "*.LICENSE.txt", ".installed"))
+    return {"widget_renderer_url": "_static/html-manager/embed-amd.js", "require_js_url": "_static/require.js"}
+
+
+def to_html(ipynb: Path, options: dict[str, str]) -> Path | None:
+    """HTML next to the executed notebook (None if the notebook cannot be read, e.g. never written)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+    try:
+        nb = nbformat.read(str(ipynb), as_version=4)
+    except (OSError, ValueError):
+        return None
+    body, _ = HTMLExporter(**options).from_notebook_node(nb)
+    target = ipynb.with_suffix(".html")
+    target.write_text(body, encoding="utf-8")
+    return target
+
+
+def point_latest(out: Path) -> Path:
+    """Make `<out.parent>/latest` a relative symlink to out (replaced atomically)."""
+    link = out.parent / "latest"
+    tmp = out.parent / f".latest.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(out.name, target_is_directory=True)
+    os.replace(tmp, link)
+    return link
+
+
+def run_workbook(params_file: str | os.PathLike | None = None, out: str | os.PathLike | None = None,
+                 notebooks_dir: str | os.PathLike = NOTEBOOKS_DIR, kernel: str = "python3",
+                 log: Callable[[str], None] = print) -> list[NotebookResult]:
+    """Run every notebook in order into `out` (default reports/<timestamp>); write HTML and index.html.
+
+    Parameters are checked against the notebooks' defaults before anything runs; each notebook gets the
+    ones it declares, plus workbook_dir = <out>/workbook.
+    """
+    notebooks = discover(Path(notebooks_dir))
+    defaults = {nb.stem: notebook_parameters(nb) for nb in notebooks}
+    given = load_params(params_file)
+    check_params(given, defaults)
+    preflight(given, defaults)
+    out = Path(out) if out else REPORTS_DIR / time.strftime("%Y%m%d-%H%M%S")
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with one_run_per_folder(out):
+        shared = {**given, "workbook_dir": str(out / "workbook")}
+        html_options = widget_assets(out)
+        if not html_options:
+            log(f"note: no widget JS in {WIDGETS_JS_DIR} (`make workbook` vendors it with npm); "
+                "widgets in the HTML reports need internet to render")
+        results: list[NotebookResult] = []
+        for nb in notebooks:
+            declared = defaults[nb.stem]
+            params = {k: v for k, v in shared.items() if k in declared}
+            if FAILED_PARAM in declared:
+                params[FAILED_PARAM] = {r.name: r.error for r in results if r.status == "failed"}
+            dst = out / nb.name
+            t0 = time.perf_counter()
+            with kernel_env():
+                status, error = execute(nb, dst, params, kernel)
+            seconds = time.perf_counter() - t0
+            page = to_html(dst, html_options)
+            results.append(NotebookResult(nb.stem, status, seconds, error, dst, page))
+            log(f"{nb.stem:<22} {status:<6} {seconds:6.1f} s{f'  {error}' if error else ''}")
+        index = out / "index.html"
+        index.write_text(index_page(results, out / "workbook"), encoding="utf-8")
+        point_latest(out)
+        log(f"report: {index}")
+        return results
+
+
+# ---------------------------------------------------------------------------------------------- index
+
+def index_page(results: list[NotebookResult], workbook_dir: Path) -> str:
+    """index.html: one row per notebook (status, time, links) and the final before/after table."""
+    from helpers.book.report import comparison_html
+    rows = []
+    for r in results:
+        links = " · ".join(f'<a href="{html.escape(p.name)}">{p.suffix[1:]}</a>' for p in (r.html, r.ipynb)
+                           if p is not None and p.exists())
+        rows.append(f'<tr class="{r.status}"><td>{html.escape(r.name)}</td><td>{r.status}</td>'
+                    f"<td>{r.seconds:.1f} s</td><td>{links}</td><td>{html.escape(r.error)}</td></tr>")
+    failed = {r.name: r.error for r in results if r.status == "failed"}
+    total = sum(r.seconds for r in results)
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>Tuning workbook report</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:75em}} table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:.3em .6em;text-align:left}} tr.failed td{{background:#fde2e2}}
+tr.ok td:nth-child(2){{color:#17702d}}</style></head><body>
+<h1>Tuning workbook report</h1>
+<p>{len(results) - len(failed)} of {len(results)} notebooks ran; {len(failed)} failed; {total:.0f} s in all.</p>
+<table><tr><th>notebook</th><th>status</th><th>time</th><th>report</th><th>error</th></tr>
+{''.join(rows)}</table>
+<h2>Before / after</h2>
+{comparison_html(workbook_dir, failed)}
+</body></html>
+"""

@@ -1,0 +1,139 @@
+"""Parallel planner: per-device memory ESTIMATE (bytes) for a model size and a DP/TP/PP strategy, the usual
+strategy for a size, and the msrun command lines for N nodes.
+
+Everything here is arithmetic, not measurement:
+- weights: params x bytes(dtype) / (tp*pp); gradients the same;
+- AdamW state: mixed precision keeps an fp32 master copy + two fp32 moments (12 B/param), fp32 training
+  the two moments (8 B/param); divided by tp*pp, and by dp too with optimizer sharding (ZeRO-1 style,
+  MindSpore's `enable_parallel_optimizer`);
+- activations per layer (Korthikanti et al. 2022, 16-bit, tensor parallel without sequence parallel):
+  s*b*h*(10 + 24/tp + 5*a*s/(h*tp)) bytes; with full recompute only each layer's input, 2*s*b*h bytes,
+  plus one layer's full set while it is recomputed; fp32 activations double it. With 1F1B pipelining the
+  first stage holds pp micro-batches of its n_layer/pp layers = n_layer layers' worth; plus fp32 logits
+  4*s*b*vocab/tp. Framework, workspace and fragmentation are not modelled.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Size and dims of a decoder (n_params in parameters; dims in elements)."""
+    name: str
+    n_params: float
+    n_layer: int
+    d_model: int
+    n_head: int
+    seq_len: int
+    vocab: int
+
+
+# LLaMA-family shapes (published configs).
+MODELS = {
+    "7B": ModelShape("7B", 7e9, 32, 4096, 32, 4096, 32000),
+    "13B": ModelShape("13B", 13e9, 40, 5120, 40, 4096, 32000),
+    "30B": ModelShape("30B", 32.5e9, 60, 6656, 52, 2048, 32000),
+    "70B": ModelShape("70B", 70e9, 80, 8192, 64, 4096, 32000),
+}
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Parallel degrees and memory knobs (micro_batch in sequences per device)."""
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batch: int = 1
+    recompute: bool = False
+    dtype: str = "fp16"
+    optimizer_shard: bool = False
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+@dataclass
+class MemoryEstimate:
+    """Estimated bytes per device."""
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def model_state(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.model_state + self.activations
+
+
+def activation_bytes(m: ModelShape, s: Strategy) -> float:
+    """Estimated activation bytes per device for one training step (see module docstring)."""
+    sbh = m.seq_len * s.micro_batch * m.d_model
+    full = sbh * (10 + 24 / s.tp + 5 * m.n_head * m.seq_len / (m.d_model * s.tp))
+    layers = 2 * sbh * m.n_layer + full if s.recompute else full * m.n_layer
+    scale = DTYPE_BYTES[s.dtype] / 2  # the formula counts 16-bit activations
+    return scale * layers + 4 * m.seq_len * s.micro_batch * m.vocab / s.tp
+
+
+def estimate(m: ModelShape, s: Strategy) -> MemoryEstimate:
+    """Per-device memory estimate (bytes) of `m` trained with AdamW under strategy `s`."""
+    shard = s.tp * s.pp
+    width = DTYPE_BYTES[s.dtype]
+    adam = 8 if s.dtype == "fp32" else 12
+    optimizer = m.n_params * adam / shard / (s.dp if s.optimizer_shard else 1)
+    return MemoryEstimate(params=m.n_params * width / shard, grads=m.n_params * width / shard,
+                          optimizer=optimizer, activations=activation_bytes(m, s))
+
+
+def recommend(n_params: float) -> str:
+    """The usual strategy for a model size: 1-7B DP + recompute, 13-30B DP + TP 2-4, 70B+ DP + TP + PP."""
+    if n_params < 1e9:
+        return "DP (the model fits one device; recompute only if activations do not)"
+    if n_params <= 10e9:
+        return "DP + recompute (+ optimizer sharding when Adam state does not fit)"
+    if n_params <= 40e9:
+        return "DP + TP 2-4 (TP inside a node) + recompute"
+    return "DP + TP (8, inside a node) + PP (across nodes) + recompute"
+
+
+def plan_rows(m: ModelShape, strategies: list[Strategy], device_bytes: float) -> list[dict]:
+    """One row per strategy: degrees, estimated GB per device of each part, and whether it fits."""
+    rows = []
+    for s in strategies:
+        e = estimate(m, s)
+        rows.append({"model": m.name, **asdict(s), "devices": s.devices,
+                     "params_GB": e.params / GB, "grads_GB": e.grads / GB, "optimizer_GB": e.optimizer / GB,
+                     "activations_GB": e.activations / GB, "total_GB": e.total / GB,
+                     "fits": e.total <= device_bytes})
+    return rows
+
+
+def eight_by_40gb(m: ModelShape = MODELS["7B"], micro_batch: int = 1) -> list[dict]:
+    """The 8 x 40 GB example: strategies for 8 devices of 40 GB each."""
+    options = [Strategy(dp=8), Strategy(dp=8, recompute=True),
+               Strategy(dp=8, recompute=True, optimizer_shard=True), Strategy(dp=4, tp=2, recompute=True),
+               Strategy(dp=4, tp=2, recompute=True, optimizer_shard=True), Strategy(dp=2, tp=4, recompute=True),
+               Strategy(dp=1, tp=8), Strategy(dp=2, tp=2, pp=2, recompute=True)]
+    return plan_rows(m, [Strategy(**{**asdict(o), "micro_batch": micro_batch}) for o in options], 40 * GB)
+
+
+def msrun_commands(nodes: int, devices_per_node: int, master_addr: str, master_port: int,
+                   config_path: str, run_dir: str) -> list[str]:
+    """The exact msrun line to run on each of `nodes` nodes (node_rank 0 is the master)."""
+    from helpers.spawn.msrun import msrun_command
+    return [" ".join(msrun_command(config_path, run_dir, devices_per_node, master_port, nodes=nodes,
+                                   node_rank=r, master_addr=master_addr)) for r in range(nodes)]
+
+
+def shape_of(cfg, n_params: int, vocab: int) -> ModelShape:
+    """A ModelShape for a workbook Config and its counted parameters (e.g. the nano preset)."""
+    m = cfg.model
+    return ModelShape(m.preset, float(n_params), m.n_layer, m.d_model, m.n_head, m.seq_len, vocab)

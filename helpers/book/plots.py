@@ -1,0 +1,156 @@
+"""Matplotlib figures from run records. Each returns a Figure (not drawn through pyplot, so a notebook
+shows it once, as the cell's result, and tests need no display)."""
+from __future__ import annotations
+
+import math
+
+from matplotlib.figure import Figure
+
+from helpers.record import RunRecord
+
+MIB = 2 ** 20
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+
+
+def _figure(panels: int = 1, width: float = 6.0, height: float = 3.6):
+    fig = Figure(figsize=(width * panels, height), layout="constrained")
+    return fig, [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
+
+
+def _series(record: RunRecord, column: str, scale: float = 1.0):
+    points = [(r["step"], r[column] * scale) for r in record.metrics
+              if r.get(column) is not None and math.isfinite(r[column])]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def curves(groups: dict[str, list[RunRecord]], column: str, ylabel: str, title: str, scale: float = 1.0,
+           logy: bool = False) -> Figure:
+    """`column` against step for every run; one colour per group, one line per repeat."""
+    fig, (ax,) = _figure()
+    for i, (label, records) in enumerate(groups.items()):
+        for j, rec in enumerate(records):
+            x, y = _series(rec, column, scale)
+            ax.plot(x, y, color=COLORS[i % len(COLORS)], alpha=0.85, lw=1.2, label=label if j == 0 else None)
+    ax.set(xlabel="step", ylabel=ylabel, title=title)
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def step_time_plot(groups: dict[str, list[RunRecord]]) -> Figure:
+    """Step time (ms) per step, log scale so the compile step and the steady state both show."""
+    return curves(groups, "step_time_ms", "step time (ms, log)", "Step time: compile, warm-up, steady state",
+                  logy=True)
+
+
+def loss_plot(groups: dict[str, list[RunRecord]]) -> Figure:
+    """Training loss per step (nats/token)."""
+    return curves(groups, "loss", "training loss (nats/token)", "Loss curves")
+
+
+def memory_plot(groups: dict[str, list[RunRecord]]) -> Figure:
+    """Process RSS (MiB) per step."""
+    return curves(groups, "rss_bytes", "RSS (MiB)", "Memory (process RSS) per step", scale=1 / MIB)
+
+
+def data_wait_plot(groups: dict[str, list[RunRecord]]) -> Figure:
+    """Time blocked on the input pipeline per step (ms)."""
+    return curves(groups, "data_wait_ms", "data wait (ms)", "Time each step waited for its batch")
+
+
+def sweep_plot(points: list[tuple[object, RunRecord]], xlabel: str) -> Figure:
+    """Tokens/s and peak RSS (MiB) against a swept value; points are (value, record) pairs."""
+    fig, (left, right) = _figure(2, width=4.8)
+    ok = [(str(v), r) for v, r in points if r.summary.get("tokens_per_s")]
+    labels = [v for v, _ in ok]
+    left.bar(labels, [r.summary["tokens_per_s"] for _, r in ok], color=COLORS[0])
+    left.set(xlabel=xlabel, ylabel="tokens/s (steady median)", title="Throughput")
+    right.bar(labels, [(r.summary.get("peak_memory_bytes") or 0) / MIB for _, r in ok], color=COLORS[3])
+    right.set(xlabel=xlabel, ylabel="peak RSS (MiB)", title="Peak memory")
+    for ax in (left, right):
+        ax.grid(alpha=0.3, axis="y")
+    return fig
+
+
+def waterfall(baseline_tokens_s: float, steps: list[tuple[str, float, str]]) -> Figure:
+    """Tokens/s from the baseline through each round: kept rounds move the running level, others show
+    their measured effect as a hatched, unapplied bar. steps: (label, candidate/reference ratio, decision)."""
+    fig, (ax,) = _figure(width=8.0)
+    level = baseline_tokens_s
+    ax.bar(["baseline"], [level], color=COLORS[0])
+    for label, ratio, decision in steps:
+        if ratio is None or not math.isfinite(ratio):
+            ax.bar([label], [0], color="#cccccc")
+            ax.annotate(decision, (label, 0), ha="center", va="bottom", fontsize=8)
+            continue
+        delta = level * (ratio - 1.0)
+        kept = decision == "keep"
+        color = (COLORS[2] if delta >= 0 else COLORS[1]) if kept else "#bbbbbb"
+        ax.bar([label], [delta], bottom=[level], color=color, hatch=None if kept else "//", edgecolor="#555555")
+        ax.annotate(f"{ratio:.2f}× {decision}", (label, level + max(delta, 0)), ha="center", va="bottom",
+                    fontsize=8)
+        if kept:
+            level += delta
+    ax.bar(["best"], [level], color=COLORS[0])
+    ax.set(ylabel="tokens/s", title="Tokens/s round by round (hatched = measured, not kept)")
+    ax.tick_params(axis="x", rotation=30, labelsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    return fig
+
+
+def evaluation_plot(record: RunRecord) -> Figure:
+    """Three panels: training loss with its EMA and validation loss; validation PPL; gradient norm."""
+    fig, (loss_ax, ppl_ax, grad_ax) = _figure(3, width=4.6)
+    for column, style, label in (("loss", dict(alpha=0.35, lw=1), "train loss"),
+                                 ("loss_ema", dict(lw=1.8), "train loss EMA"),
+                                 ("val_loss", dict(marker="o", lw=1.5), "val loss")):
+        loss_ax.plot(*_series(record, column), label=label, **style)
+    loss_ax.set(xlabel="step", ylabel="loss (nats/token)", title="Train vs validation")
+    loss_ax.legend(fontsize=8)
+    ppl_ax.plot(*_series(record, "val_ppl"), marker="o", color=COLORS[3])
+    ppl_ax.set(xlabel="step", ylabel="perplexity", title="Validation perplexity")
+    grad_ax.plot(*_series(record, "grad_norm"), color=COLORS[4], lw=1)
+    limit = record.config.max_grad_norm
+    if limit:
+        grad_ax.axhline(limit, ls="--", color="#555555", label=f"clip at {limit:g}")
+        grad_ax.legend(fontsize=8)
+    grad_ax.set(xlabel="step", ylabel="global grad norm (before clipping)", title="Gradient norm")
+    for ax in (loss_ax, ppl_ax, grad_ax):
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def op_shift_plot(shift, top: int = 12, title: str = "Operator time per step, before → after") -> Figure:
+    """Horizontal bars of ms/step before and after for the `top` ops by |delta| (a `fusion.op_table_shift`
+    frame); vanished/new ops are marked in their label."""
+    rows = shift.head(top).iloc[::-1]
+    fig, (ax,) = _figure(width=7.5, height=0.32 * len(rows) + 1.4)
+    y = range(len(rows))
+    labels = [f"{op} ({flag})" if flag else op for op, flag in zip(rows["op"], rows["flag"])]
+    ax.barh([i + 0.2 for i in y], rows["ms/step before"], height=0.4, color=COLORS[0], label="before (reference)")
+    ax.barh([i - 0.2 for i in y], rows["ms/step after"], height=0.4, color=COLORS[3], label="after (candidate)")
+    ax.set_yticks(list(y), labels, fontsize=8)
+    ax.set(xlabel="ms per step (profiled, median over runs)", title=title)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def val_loss_tokens_plot(groups: dict[str, list[RunRecord]], at_tokens: float | None = None) -> Figure:
+    """Validation loss against cumulative tokens for every run (one colour per group, one line per seed),
+    with a dashed line where a convergence round compared them (`at_tokens`)."""
+    from helpers.tune.convergence import eval_curve
+    fig, (ax,) = _figure()
+    for i, (label, records) in enumerate(groups.items()):
+        for j, rec in enumerate(records):
+            tokens, loss, _ = eval_curve(rec)
+            ax.plot(tokens, loss, marker="o", ms=3, color=COLORS[i % len(COLORS)], alpha=0.85, lw=1.2,
+                    label=label if j == 0 else None)
+    if at_tokens:
+        ax.axvline(at_tokens, ls="--", color="#555555", label=f"compared at {at_tokens:,.0f} tokens")
+    ax.set(xlabel="tokens trained", ylabel="validation loss (nats/token)", title="Validation loss at equal tokens")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig

@@ -1,0 +1,350 @@
+"""Tables for the notebooks and the HTML index: pandas DataFrames built from run records and rounds.
+
+Units are in the column names (ms, MiB, %). Medians across repeats; a missing figure reads 'n/a'.
+"""
+from __future__ import annotations
+
+import html
+import math
+import os
+from pathlib import Path
+from statistics import median
+from typing import Any, Iterable
+
+import pandas as pd
+
+from helpers.record import RunRecord, median_summary
+from helpers.tune.rounds import load_runs
+
+MIB = 2 ** 20
+
+
+def _num(value: Any, scale: float = 1.0, digits: int = 1):
+    """Rounded number, or None for missing / non-finite values."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return None
+    return round(value * scale, digits)
+
+
+def run_row(record: RunRecord) -> dict[str, Any]:
+    """One run as a table row: model, parallelism, batch, speed, MFU, memory, loss."""
+    s, cfg = record.summary, record.config
+    dp = cfg.parallel.data_parallel
+    return {
+        "run": record.path.name,
+        "status": s.get("status"),
+        "params (M)": _num(s.get("n_params"), 1e-6, 3),
+        "data parallel": dp,
+        "batch/device": cfg.batch_size * cfg.grad_accum_steps,
+        "micro-batch": cfg.batch_size,
+        "step (ms)": _num(s.get("step_time_ms")),
+        "tokens/s": _num(s.get("tokens_per_s"), digits=0),
+        "MFU (%)": _num(s.get("mfu"), 100.0, 2),
+        "peak RSS (MiB)": _num(s.get("peak_memory_bytes"), 1 / MIB, 0),
+        "data wait (%)": _num(s.get("data_wait_share"), 100.0, 2),
+        "comm share (%)": s.get("comm_share") if dp > 1 else "n/a (single process)",
+        "compile (s)": _num(s.get("compile_s"), digits=2),
+        f"loss after {s.get('steps')}": _num(s.get("loss_last"), digits=3),
+        "val loss": _num(s.get("val_loss"), digits=3),
+    }
+
+
+def _median_row(rows: list[dict], label: str) -> dict:
+    out = {}
+    for key in rows[0]:
+        values = [r.get(key) for r in rows]
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None]
+        if key == "run":
+            out[key] = label
+        elif len(numbers) == len(values):
+            out[key] = round(median(numbers), 3)
+        else:
+            out[key] = values[0] if len(set(map(str, values))) == 1 else "mixed"
+    return out
+
+
+def runs_table(records: Iterable[RunRecord], median_label: str | None = "median") -> pd.DataFrame:
+    """One row per run, plus a median row when there are several."""
+    rows = [run_row(r) for r in records]
+    if not rows:
+        return pd.DataFrame()
+    if median_label and len(rows) > 1:
+        rows.append(_median_row(rows, median_label))
+    return pd.DataFrame(rows).set_index("run")
+
+
+def groups_table(groups: dict[str, list[RunRecord]]) -> pd.DataFrame:
+    """One median row per labelled group of runs (a sweep, or reference vs candidate)."""
+    rows = []
+    for label, records in groups.items():
+        if records:
+            row = _median_row([run_row(r) for r in records], label)
+            row["runs"] = len(records)
+            rows.append(row)
+    return pd.DataFrame(rows).set_index("run") if rows else pd.DataFrame()
+
+
+def round_groups(result) -> dict[str, list[RunRecord]]:
+    """{'reference': [...], 'candidate': [...]} records of a RoundResult."""
+    return {"reference": load_runs(result.reference_runs), "candidate": load_runs(result.candidate_runs)}
+
+
+def round_table(result) -> pd.DataFrame:
+    """Reference vs candidate medians of one round."""
+    return groups_table(round_groups(result))
+
+
+def results_groups(results: list) -> dict[str, list[RunRecord]]:
+    """{'reference': the first round's reference runs, '<name>': each round's candidate runs}."""
+    groups = {"reference": load_runs(results[0].reference_runs)} if results else {}
+    groups.update({r.name: load_runs(r.candidate_runs) for r in results})
+    return groups
+
+
+def verdict_lines(results: list) -> str:
+    """verdict_text of each round, one per line (print it)."""
+    return "\n".join(verdict_text(r) for r in results)
+
+
+def break_even_table(compiled: dict[str, list[RunRecord]], others: dict[str, list[RunRecord]]) -> pd.DataFrame:
+    """For each (compiled, other) pair: steps until the compiled run's start-up cost is paid back.
+
+    compiled/others: {label: runs}; medians of compile_s (first step, s) and steady step time (ms)."""
+    from helpers.tune.study import break_even_steps
+    rows = []
+    for c_label, c_runs in compiled.items():
+        for o_label, o_runs in others.items():
+            figures = [median_summary(c_runs, "compile_s"), median_summary(c_runs, "step_time_ms"),
+                       median_summary(o_runs, "compile_s"), median_summary(o_runs, "step_time_ms")]
+            steps = break_even_steps(*figures) if None not in figures else None
+            rows.append({"compiled": c_label, "vs": o_label, "first step (s)": _num(figures[0], digits=2),
+                         "step (ms)": _num(figures[1]), "other first step (s)": _num(figures[2], digits=2),
+                         "other step (ms)": _num(figures[3]),
+                         "break-even (steps)": "never (not faster)" if steps is None else math.ceil(steps)})
+    return pd.DataFrame(rows)
+
+
+def changes_text(changes: dict) -> str:
+    """{'batch_size': (12, 24)} → 'batch_size 12 → 24'."""
+    return ", ".join(f"{k} {a} → {b}" for k, (a, b) in changes.items())
+
+
+def verdict_text(result) -> str:
+    """One line: round, change, decision and the verdict's reason (with its numbers)."""
+    override = getattr(result, "override", None)
+    note = f" (overridden: {override})" if override else ""
+    return (f"Round {result.index} '{result.name}': {changes_text(result.changes)} → "
+            f"{result.decision.upper()}{note} — {result.verdict.reason}")
+
+
+def rounds_table(rounds: list, failed_notebooks: dict[str, str] | None = None) -> pd.DataFrame:
+    """Every round: change, objective, decision, speed-up, noise band, loss drift, memory ratio, reason; plus
+    rows for notebooks that failed before their round was recorded (decision 'failed'). The noise band is
+    relative tokens/s for a speed round and nats/token (seed band) for a convergence round."""
+    rows = []
+    for r in rounds:
+        v = r.verdict
+        rows.append({"round": r.index, "name": r.name, "change": changes_text(r.changes),
+                     "objective": getattr(r, "objective", "speed"), "decision": r.decision,
+                     "speed-up": _num(v.speedup, digits=3),
+                     "noise band": _num(v.noise_band, digits=3), "loss drift": _num(v.loss_drift, digits=4),
+                     "memory ratio": _num(v.memory_ratio, digits=3), "reason": v.reason,
+                     "rollback point": str(r.rollback) if getattr(r, "rollback", None) else ""})
+    names = {r.name for r in rounds}
+    for nb, error in (failed_notebooks or {}).items():
+        if nb not in names:
+            rows.append({"round": None, "name": nb, "change": "", "decision": "failed",
+                         "reason": f"notebook failed: {error}"})
+    return pd.DataFrame(rows, dtype=object)
+
+
+def rounds_groups(wb) -> dict[str, list[RunRecord]]:
+    """{'baseline': runs, '<NN name>': candidate runs, ...} for curves of every round."""
+    groups = {"baseline": wb.baseline_runs()}
+    for r in wb.rounds():
+        groups[f"{r.index:02d} {r.name} ({r.decision})"] = load_runs(r.candidate_runs)
+    return groups
+
+
+def waterfall_steps(wb) -> tuple[float | None, list[tuple[str, float | None, str]]]:
+    """(baseline median tokens/s, [(round label, speed-up vs its reference, decision)]) for plots.waterfall."""
+    base = [r.summary.get("tokens_per_s") for r in wb.baseline_runs() if r.summary.get("tokens_per_s")]
+    steps = [(f"{r.index:02d} {r.name}", r.verdict.speedup, r.decision) for r in wb.rounds()]
+    return (median(base) if base else None), steps
+
+
+def sweep_groups(points: list[tuple[Any, RunRecord]], key: str) -> dict[str, list[RunRecord]]:
+    """(value, record) pairs of a sweep as {'key=value': [record]} groups for tables and curves."""
+    return {f"{key}={value}": [record] for value, record in points}
+
+
+def round_points(result, key: str) -> list[tuple[Any, RunRecord]]:
+    """(value, record) pairs for a round's reference and candidate runs (first run of each), by `key`'s value."""
+    old, new = result.changes[key]
+    groups = round_groups(result)
+    return [(v, g[0]) for v, g in ((old, groups["reference"]), (new, groups["candidate"])) if g]
+
+
+def rollback_table(rounds: list) -> pd.DataFrame:
+    """Each round's rollback point (its config, summary and last checkpoint) and decision."""
+    return pd.DataFrame([{"round": r.index, "name": r.name, "decision": r.decision,
+                          "rollback point": str(r.rollback)} for r in rounds],
+                        columns=["round", "name", "decision", "rollback point"])
+
+
+def ledger_table(entries: list[dict]) -> pd.DataFrame:
+    """The ledger's entries, oldest first: when, event, round, name, change, decision, who, why."""
+    rows = [{"when": e.get("when"), "event": e.get("event"), "round": e.get("round"), "name": e.get("name"),
+             "change": changes_text({k: tuple(v) for k, v in (e.get("changes") or {}).items()}),
+             "decision": e.get("decision"), "best after": e.get("best_round"), "who": e.get("who"),
+             "why": e.get("why", "")} for e in entries]
+    return pd.DataFrame(rows)
+
+
+_DISPLAY_UNITS = {"bytes": ("MiB", 1 / MIB), "fraction": ("%", 100.0)}
+
+
+def _sig(value, digits: int = 4):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return value
+    return float(f"{value:.{digits}g}") if value != int(value) else int(value)
+
+
+def before_after_table(rows: list[dict]) -> pd.DataFrame:
+    """Workbook.before_after() rows as a table indexed by metric; bytes shown in MiB and fractions in %."""
+    shown = []
+    for row in rows:
+        unit, scale = _DISPLAY_UNITS.get(row.get("unit"), (row.get("unit"), 1.0))
+        shown.append({"metric": row["metric"], "unit": unit,
+                      **{k: _sig(row[k] * scale) if row.get(k) is not None else None for k in ("baseline", "best")},
+                      "best ÷ baseline": _sig(row["ratio"], 3) if row.get("ratio") is not None else None})
+    frame = pd.DataFrame(shown, dtype=object)  # object: whole numbers stay whole, no 809856.000
+    return frame.set_index("metric") if not frame.empty else frame
+
+
+def comparison_html(workbook_dir: str | os.PathLike, failed_notebooks: dict[str, str] | None = None) -> str:
+    """HTML of the before/after table and the rounds table (for index.html); a note when there is none."""
+    path = Path(workbook_dir)
+    try:
+        from helpers.tune.rounds import Workbook
+        wb = Workbook.open(path)
+        before_after = before_after_table(wb.before_after())
+        rounds = rounds_table(wb.rounds(), failed_notebooks)
+    except Exception as exc:  # no workbook (baseline failed) or an unreadable one: say so, keep the index
+        failed = rounds_table([], failed_notebooks)
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        note = f"<p>No before/after table: {html.escape(why)}</p>"
+        return note + (failed.to_html(index=False, na_rep="") if not failed.empty else "")
+    return (before_after.to_html(na_rep="n/a") + "<h2>Rounds</h2>"
+            + (rounds.to_html(index=False, na_rep="") if not rounds.empty else "<p>No rounds ran.</p>"))
+
+
+# ------------------------------------------------------------------------------------- environment
+
+def environment_table(env: dict, peak_flops: float | None) -> pd.DataFrame:
+    """What the runs run on: versions, device, threads, cores, memory source, measured matmul peak."""
+    rows = [("python", env.get("python")), *[(name, ver) for name, ver in env.get("packages", {}).items()],
+            ("platform", env.get("platform")), ("cpu", env.get("cpu_model")), ("cores", env.get("cpu_count")),
+            ("memory (GiB)", _num(env.get("memory_total_bytes"), 1 / 2 ** 30, 1)),
+            ("device", env.get("device_target")), ("op threads", env.get("threads")),
+            ("memory source", env.get("memory_source")), ("git commit", env.get("git_commit")),
+            ("peak matmul (GFLOP/s, measured)", _num(peak_flops, 1e-9, 1))]
+    return pd.DataFrame(rows, columns=["what", "value"]).set_index("what")
+
+
+# -------------------------------------------------------------------------------------- evaluation
+
+def train_loss_near(record: RunRecord, step: int, window: int = 5) -> float:
+    """Mean raw training loss over the `window` steps up to `step` (the EMA lags while loss falls fast)."""
+    losses = [r["loss"] for r in record.metrics if step - window < r["step"] <= step and r.get("loss") is not None]
+    return sum(losses) / len(losses) if losses else float("nan")
+
+
+def overfit_check(record: RunRecord) -> str:
+    """One line: train vs validation loss at the first and last validation pass, and what the trend says.
+
+    Overfitting: validation loss rose at the last pass while training loss fell; past the sweet spot:
+    validation loss is above its best; otherwise validation loss still falls with training loss."""
+    evals = [r for r in record.metrics if r.get("val_loss") is not None]
+    if len(evals) < 2:
+        return (f"only {len(evals)} validation pass(es) in this run: set eval_every below steps "
+                f"({record.summary.get('steps')}) to see a trend")
+    first, prev, last = evals[0], evals[-2], evals[-1]
+    train = {e["step"]: train_loss_near(record, e["step"]) for e in (first, prev, last)}
+    best = min(evals, key=lambda e: e["val_loss"])
+    if last["val_loss"] > prev["val_loss"] and train[last["step"]] < train[prev["step"]]:
+        verdict = (f"overfitting: validation loss rose {prev['val_loss']:.3f} → {last['val_loss']:.3f} "
+                   f"while training loss fell")
+    elif last["val_loss"] > best["val_loss"]:
+        verdict = (f"past the sweet spot: validation loss is above its best "
+                   f"({best['val_loss']:.3f} at step {best['step']})")
+    else:
+        verdict = f"no overfitting: validation loss still falls ({prev['val_loss']:.3f} → {last['val_loss']:.3f})"
+
+    def at(e):
+        t = train[e["step"]]
+        return f"step {e['step']}: train {t:.3f}, val {e['val_loss']:.3f} (gap {e['val_loss'] - t:+.3f})"
+    return f"{at(first)}; {at(last)} → {verdict}"
+
+
+def eval_table(record: RunRecord) -> pd.DataFrame:
+    """The validation passes of a run: step, train loss (mean of the 5 steps up to it, and EMA), val loss,
+    val perplexity, grad norm."""
+    rows = [{"step": r["step"], "train loss (mean of 5)": _num(train_loss_near(record, r["step"]), digits=3),
+             "train loss EMA": _num(r["loss_ema"], digits=3),
+             "val loss": _num(r["val_loss"], digits=3), "val PPL": _num(r["val_ppl"], digits=2),
+             "grad norm": _num(r["grad_norm"], digits=3)}
+            for r in record.metrics if r.get("val_loss") is not None]
+    return pd.DataFrame(rows).set_index("step") if rows else pd.DataFrame()
+
+
+def alarms_table(record: RunRecord) -> pd.DataFrame | str:
+    """The monitors' alarms of a run (kind, step, message), or a line saying there were none."""
+    alarms = record.summary.get("alarms") or []
+    if not alarms:
+        return f"no alarms in {record.summary.get('steps')} steps (monitors: grad norm, NaN, spikes, memory, overfit)"
+    return pd.DataFrame([{k: a.get(k) for k in ("kind", "step", "message")} for a in alarms]).set_index("step")
+
+
+# ------------------------------------------------------------------------------ AMP audit, convergence
+
+def amp_audit_table(record: RunRecord) -> pd.DataFrame | str:
+    """The run's AMP dtype audit (dtype_audit.json): each leaf cell, its kind, input and compute dtype, whether
+    `fp32_cells` protects it and whether it honours that; a line saying why when the run has none (O0)."""
+    import json
+    audit = Path(record.path) / "dtype_audit.json"
+    if not audit.is_file():
+        return (f"no dtype audit in {record.path.name}: only runs with amp_level O1-O3 write one "
+                f"(this one ran amp_level={record.config.amp_level})")
+    rows = json.loads(audit.read_text(encoding="utf-8"))
+    return pd.DataFrame([{"cell": r["name"], "kind": r["kind"], "input dtype": r["input_dtype"],
+                          "compute dtype": r["compute_dtype"], "asked fp32": r["protected"], "ok": r["ok"]}
+                         for r in rows]).set_index("cell")
+
+
+def amp_audit_text(record: RunRecord) -> str:
+    """One line: which cell kinds compute in which dtype, and the cells asked for fp32 that compute lower."""
+    audit = record.summary.get("amp_audit")
+    if not audit:
+        return f"no AMP audit: {record.path.name} ran amp_level={record.config.amp_level}"
+    dtypes = "; ".join(f"{d}: {', '.join(kinds)}" for d, kinds in audit.items() if d != "unprotected")
+    flagged = audit.get("unprotected") or []
+    cells = ", ".join(record.config.fp32_cells) or "none"
+    return (f"{record.config.amp_level} with fp32_cells=[{cells}] — {dtypes}; unprotected (asked fp32, computing "
+            f"lower): {', '.join(flagged) if flagged else 'none'}")
+
+
+def convergence_table(result) -> pd.DataFrame:
+    """A convergence round run by run: arm, seed, validation loss at the common token count, final validation
+    loss, seconds to the target loss and tokens/s (the numbers behind the verdict)."""
+    from helpers.tune.convergence import compare_tokens, eval_curve, figures, time_to_target, val_loss_at
+    groups = round_groups(result)
+    runs = [*groups["reference"], *groups["candidate"]]
+    tokens, fig = compare_tokens(runs), figures(groups["reference"], groups["candidate"])
+    rows = [{"arm": arm, "seed": r.config.seed, f"val loss @ {tokens:,.0f} tokens": _num(val_loss_at(r, tokens),
+                                                                                      digits=4),
+             "final val loss": _num(float(eval_curve(r)[1][-1]), digits=4),
+             f"s to val loss {fig.target:.4f}": _num(time_to_target(r, fig.target), digits=1),
+             "tokens/s": _num(r.summary.get("tokens_per_s"), digits=0)}
+            for arm, group in groups.items() for r in group]
+    return pd.DataFrame(rows)

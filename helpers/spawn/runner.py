@@ -1,0 +1,83 @@
+"""Start a training run in its own process (as DeepSpeed's autotuner isolates experiments).
+
+Peak memory is then per run, a crash or OOM cannot take the notebook kernel down, and cold/warm compile
+is measurable. The child reports progress as JSON lines on stdout; its stderr goes to `train.log`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from helpers import config as config_mod
+from helpers.config import Config
+from helpers.paths import REPO_ROOT
+from helpers.record import RecordError, load_run
+
+
+def child_env() -> dict:
+    """Environment for a training child: the repo importable, MindSpore's C++ log at errors only."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO_ROOT), env.get("PYTHONPATH", "")] if p)
+    env.setdefault("GLOG_v", "3")
+    return env
+
+
+def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc: str | None = None,
+           timeout_s: float | None = None):
+    """Train `cfg` in a child process writing `run_dir`; returns its RunRecord (failed runs included).
+
+    progress: show a tqdm bar (a widget in Jupyter) fed by the child's per-step JSON lines.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=run_dir, prefix=".request.") as fh:
+        fh.write(config_mod.dump(cfg))
+        request = fh.name
+    cmd = [sys.executable, "-m", "helpers", "train", "--config", request, "--out", str(run_dir),
+           "--progress", "json"]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=cfg.steps, desc=desc or run_dir.name, unit="step", leave=True)
+    try:
+        with open(run_dir / "train.log", "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=child_env(), cwd=REPO_ROOT,
+                                    text=True)
+            for line in proc.stdout:
+                _show(bar, line)
+            proc.wait(timeout=timeout_s)
+    finally:
+        Path(request).unlink(missing_ok=True)
+        if bar is not None:
+            bar.close()
+    try:
+        return load_run(run_dir)
+    except RecordError:
+        tail = (run_dir / "train.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"training process exited {proc.returncode} without a record; log tail:\n{tail}") \
+            from None
+
+
+def _show(bar, line: str) -> None:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return
+    if bar is None or "step" not in msg:
+        return
+    bar.n = msg["step"]
+    bar.set_postfix(loss=f"{msg['loss']:.3f}", tok_s=f"{msg['tokens_per_s']:.0f}", refresh=False)
+    bar.refresh()
+
+
+def profile_run(cfg: Config, run_dir, window: int = 20, progress: bool = True):
+    """Train `cfg` once more in its own process with a profiler window of up to `window` steady steps
+    (at most half of them, so unprofiled steps remain to measure the profiler's overhead); returns the
+    RunRecord, whose profile `load_profile(record.path)` reads."""
+    window = max(1, min(window, (cfg.steps - cfg.steady_after) // 2))
+    cfg = config_mod.with_changes(cfg, {"monitor.profile_steps": window, "monitor.profile_start": 0})
+    return launch(cfg, run_dir, progress=progress, desc="profiled")

@@ -1,0 +1,200 @@
+"""The bottleneck of a run record: data-, compute-, communication-, memory-bound or balanced.
+
+The bottleneck comes with the numbers that decided it, the thresholds used, the next tuning round to run,
+the monitors' alarms and the troubleshooting rows whose symptoms appear in the record.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from helpers.run.monitors import sustained_slope
+from helpers.run.profile import load_profile
+from helpers.record import RecordError, RunRecord, update_summary
+
+TROUBLESHOOTING = Path(__file__).with_name("troubleshooting.yaml")
+MATMUL_OPS = {"MatMul", "BatchMatMul", "MatMulExt", "BatchMatMulExt", "Dense"}
+
+
+@dataclass
+class Thresholds:
+    """Where each bottleneck starts. Shares are fractions of steady step time (data) or of op time."""
+    data_wait_share: float = 0.25  # share of step time blocked on the next batch
+    starved_step_share: float = 0.6  # MindData's analyzer anchor: device queue empty > 60% of the time
+    starved_wait_fraction: float = 0.2  # a step is "starved" if it waited ≥ this fraction of its time
+    comm_share: float = 0.2  # communication operators' share of op time
+    dominant_op_share: float = 0.45  # one operator type's share of op time (nano's MatMul: ~36-39%)
+    memory_fraction: float = 0.85  # peak RSS / machine memory
+    no_learning_drop: float = 0.02  # relative loss drop below which a run "did not learn"
+    no_learning_min_steps: int = 50
+    slow_compile_s: float = 60.0
+
+
+@dataclass
+class Diagnosis:
+    """The bottleneck, why, and what to run next; `findings` select the troubleshooting rows."""
+    bottleneck: str
+    reasons: list[str]
+    evidence: dict
+    thresholds: dict
+    next_rounds: list[str]
+    findings: list[str]
+    alarms: list[dict] = field(default_factory=list)
+    troubleshooting: list[dict] = field(default_factory=list)
+
+    def text(self) -> str:
+        """Human-readable report (what `python -m helpers diagnose` prints)."""
+        lines = [f"bottleneck: {self.bottleneck}"]
+        lines += [f"  because {r}" for r in self.reasons]
+        lines.append("evidence: " + ", ".join(f"{k}={_fmt(v)}" for k, v in self.evidence.items()))
+        lines.append("thresholds: " + ", ".join(f"{k}={v}" for k, v in self.thresholds.items()))
+        lines.append("next round: " + ", ".join(self.next_rounds))
+        for a in self.alarms:
+            lines.append(f"alarm [{a['kind']}] step {a['step']}: {a['message']}")
+        for row in self.troubleshooting:
+            lines.append(f"symptom: {row['symptom']}\n  causes: {'; '.join(row['causes'])}\n  checks: "
+                         f"{'; '.join(row['checks'])}\n  fix: {'; '.join(row['fix'])}")
+        return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def troubleshooting_rows(findings: list[str]) -> list[dict]:
+    """Rows of troubleshooting.yaml whose `when` names any of `findings`."""
+    rows = yaml.safe_load(TROUBLESHOOTING.read_text(encoding="utf-8"))
+    return [r for r in rows if set(r["when"]) & set(findings)]
+
+
+def _steady(record: RunRecord) -> list[dict]:
+    window = record.summary.get("steady_window")
+    first = window[0] if window else record.config.steady_after + 1
+    return [r for r in record.metrics if r["step"] >= first and r.get("step_time_ms") is not None]
+
+
+def _data_evidence(rows: list[dict], th: Thresholds) -> dict:
+    total = sum(r["step_time_ms"] for r in rows)
+    wait = sum(r["data_wait_ms"] or 0.0 for r in rows)
+    starved = sum(1 for r in rows if (r["data_wait_ms"] or 0.0) >= th.starved_wait_fraction * r["step_time_ms"])
+    return {"data_wait_share": wait / total if total else None,
+            "starved_step_share": starved / len(rows) if rows else None}
+
+
+def _profile_evidence(record: RunRecord) -> dict:
+    try:
+        prof = load_profile(record.path)
+    except RecordError:
+        return {"dominant_op": "unknown: no profile (run python -m helpers profile)"}
+    top = prof.ops[0]
+    return {"dominant_op": top["name"], "dominant_op_share": top["share"], "profile_comm_share": prof.comm_share}
+
+
+def _comm_share(record: RunRecord, ev: dict) -> float | str:
+    prof = ev.get("profile_comm_share")
+    if isinstance(prof, (int, float)):
+        return float(prof)
+    if record.config.parallel.data_parallel == 1:
+        return "not applicable: single process"
+    value = record.summary.get("comm_share")
+    return float(value) if isinstance(value, (int, float)) else "not measured"
+
+
+def _memory_evidence(record: RunRecord, rows: list[dict]) -> dict:
+    peak, total = record.summary.get("peak_memory_bytes"), record.env.get("memory_total_bytes")
+    pts = [(r["step"], r["rss_bytes"]) for r in rows if r.get("rss_bytes") is not None]
+    return {"peak_memory_bytes": peak, "memory_total_bytes": total,
+            "peak_memory_fraction": peak / total if (peak and total) else None,
+            "rss_slope_bytes_per_step": sustained_slope(*map(list, zip(*pts))) if len(pts) >= 4 else None}
+
+
+def _next_rounds(bottleneck: str, ev: dict, findings: list[str]) -> list[str]:
+    if bottleneck == "data-bound":
+        return ["data_pipeline"]
+    if bottleneck == "communication-bound":
+        return ["gradient_fusion", "data_parallel"]
+    if bottleneck == "memory-bound":
+        return (["fix the leak (memory_growth alarm) first"] if "memory_growth" in findings else []) + \
+            ["recompute", "batch_size (smaller, with grad_accum_steps)"]
+    if bottleneck == "compute-bound" and ev.get("dominant_op") not in MATMUL_OPS:
+        return [f"model/kernel change for {ev['dominant_op']} (e.g. model.norm=rmsnorm)", "batch_size"]
+    return ["batch_size", "mixed_precision (slower on CPU; the win on Ascend/GPU)"]
+
+
+def _checks(record: RunRecord, th: Thresholds) -> list[str]:
+    s, found = record.summary, []
+    if s.get("status") == "nan":
+        found.append("nan")
+    reason = (s.get("status_reason") or "").lower()
+    if s.get("status") == "failed" and ("memory" in reason or "oom" in reason):
+        found.append("failed_oom")
+    first, last = s.get("loss_first"), s.get("loss_last")
+    if (first and last is not None and math.isfinite(last) and s.get("steps", 0) >= th.no_learning_min_steps
+            and (first - last) / first < th.no_learning_drop):
+        found.append("no_learning")
+    if (s.get("compile_s") or 0.0) >= th.slow_compile_s:
+        found.append("slow_compile")
+    return found
+
+
+def diagnose(record: RunRecord, thresholds: Thresholds | None = None) -> Diagnosis:
+    """Decide the bottleneck of a run from its metrics, summary, env and (if present) profile.
+
+    Order: memory-bound (peak RSS ≥ memory_fraction of the machine, a memory_growth alarm or an OOM),
+    communication-bound, data-bound, compute-bound (one op type ≥ dominant_op_share), else balanced.
+    """
+    th = thresholds or Thresholds()
+    rows = _steady(record)
+    alarms = list(record.summary.get("alarms") or [])
+    alarm_kinds = sorted({a["kind"] for a in alarms})
+    checks = _checks(record, th)
+    ev = {**_data_evidence(rows, th), **_profile_evidence(record), **_memory_evidence(record, rows)}
+    ev["comm_share"] = _comm_share(record, ev)
+    ev.pop("profile_comm_share", None)
+    ev["steady_steps"] = len(rows)
+    reasons: list[str] = []
+    frac, slope = ev["peak_memory_fraction"], ev["rss_slope_bytes_per_step"]
+    if frac is not None and frac >= th.memory_fraction:
+        reasons.append(f"peak RSS is {frac:.0%} of machine memory (≥ {th.memory_fraction:.0%})")
+    if "memory_growth" in alarm_kinds:
+        reasons.append(f"memory_growth alarm: RSS grows {slope or 0.0:,.0f} bytes/step over the steady window")
+    if "failed_oom" in checks:
+        reasons.append("the run failed out of memory")
+    bottleneck = "memory-bound" if reasons else ""
+    comm = ev["comm_share"]
+    if not bottleneck and isinstance(comm, float) and comm >= th.comm_share:
+        bottleneck, reasons = "communication-bound", [f"communication ops take {comm:.0%} of op time "
+                                                   f"(≥ {th.comm_share:.0%})"]
+    share, starved = ev["data_wait_share"], ev["starved_step_share"]
+    if not bottleneck and share is not None and (share >= th.data_wait_share or starved >= th.starved_step_share):
+        bottleneck = "data-bound"
+        reasons = [f"data_wait_share {share:.0%} (threshold {th.data_wait_share:.0%}); {starved:.0%} of steady "
+                   f"steps waited ≥ {th.starved_wait_fraction:.0%} of their time (threshold "
+                   f"{th.starved_step_share:.0%}, MindData's queue-empty anchor)"]
+    dom = ev.get("dominant_op_share")
+    if not bottleneck and dom is not None and dom >= th.dominant_op_share:
+        bottleneck, reasons = "compute-bound", [f"{ev['dominant_op']} takes {dom:.0%} of op time "
+                                             f"(≥ {th.dominant_op_share:.0%}); data waits only "
+                                             f"{share or 0.0:.0%} of step time"]
+    if not bottleneck and not rows:
+        bottleneck, reasons = "balanced", ["no steady steps to judge speed by (the run ended during warm-up)"]
+    if not bottleneck:
+        bottleneck = "balanced"
+        reasons = [f"no limit crossed: data_wait_share {_fmt(share)}, top op share {_fmt(dom)}, "
+                   f"comm share {_fmt(comm)}, peak memory fraction {_fmt(frac)}"]
+    findings = [bottleneck, *alarm_kinds, *checks]
+    return Diagnosis(bottleneck=bottleneck, reasons=reasons, evidence=ev, thresholds=asdict(th),
+                     next_rounds=_next_rounds(bottleneck, ev, findings), findings=findings, alarms=alarms,
+                     troubleshooting=troubleshooting_rows(findings))
+
+
+def write_bottleneck(record: RunRecord, diagnosis: Diagnosis) -> None:
+    """Add `bottleneck` and `bottleneck_evidence` to the run's summary.json (atomic rewrite)."""
+    update_summary(record.path, {"bottleneck": diagnosis.bottleneck,
+                                 "bottleneck_evidence": {**diagnosis.evidence, "reasons": diagnosis.reasons,
+                                                         "thresholds": diagnosis.thresholds,
+                                                         "next_rounds": diagnosis.next_rounds,
+                                                         "findings": diagnosis.findings}})

@@ -1,0 +1,97 @@
+"""Operator-fusion rounds: which operators a model change removed, shrank or added, from profiled runs.
+
+Each run of a fusion round trains with a profiler window (`monitor.profile_steps`), so `profile/op_table.csv`
+holds ms per step by operator type; the shift between reference and candidate shows *why* tokens/s moved
+(e.g. `model.qkv=fused_slice → fused`: StridedSlice/StridedSliceGrad vanish, Split/Concat appear).
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Union
+
+import numpy as np
+import pandas as pd
+
+from helpers.config import Config, with_changes
+from helpers.run.profile import load_profile
+from helpers.record import RunRecord
+from helpers.tune.study import base_config
+
+Runs = Union[str, os.PathLike, RunRecord, Iterable[Union[str, os.PathLike, RunRecord]]]
+SHIFT_COLUMNS = ["op", "ms/step before", "ms/step after", "delta ms/step", "calls/step before",
+                 "calls/step after", "flag"]
+
+
+def fusion_base(preset: str, steps: int, corpus: str, profile_steps: int, qkv: str = "fused_slice") -> Config:
+    """The notebooks' base config (`study.base_config`) with `model.qkv` and a profiler window of
+    `profile_steps` steady steps — at most the steady steps minus two, so unprofiled steady steps remain to
+    measure the profiler's overhead against."""
+    cfg = base_config(preset, steps, corpus, {"model.qkv": qkv})
+    window = max(1, min(profile_steps, steps - cfg.steady_after - 2))
+    return with_changes(cfg, {"monitor.profile_steps": window})
+
+
+def _paths(runs: Runs) -> list:
+    if isinstance(runs, (str, os.PathLike, RunRecord)):
+        runs = [runs]
+    return [r.path if isinstance(r, RunRecord) else r for r in runs]
+
+
+def op_ms_per_step(runs: Runs) -> pd.DataFrame:
+    """ms/step and calls/step by operator type, median over the runs' profiles (an op missing in a run
+    counts 0 there). RecordError (one line) if a run has no profile."""
+    tables = []
+    for path in _paths(runs):
+        frame = load_profile(path).frame().set_index("name")[["ms_per_step", "calls_per_step"]]
+        tables.append(frame)
+    names = sorted(set().union(*(t.index for t in tables)))
+    stacked = np.stack([t.reindex(names).fillna(0.0).to_numpy() for t in tables])
+    return pd.DataFrame(np.median(stacked, axis=0), index=names, columns=["ms_per_step", "calls_per_step"])
+
+
+def op_table_shift(ref_runs: Runs, cand_runs: Runs, min_ms: float = 0.0) -> pd.DataFrame:
+    """Operator by operator, ms/step before (reference) and after (candidate), the delta and a flag:
+    'vanished' (absent after), 'new' (absent before), 'shrank' / 'grew' (by more than 10%), else ''.
+
+    Runs: a run folder, a RunRecord or a list of them (medians over the list). Rows: vanished and new ops
+    first (what the change removed or added: structural, immune to load), then by |delta| (timings move
+    with machine load too); ops under `min_ms` ms/step on both sides left out.
+    """
+    before, after = op_ms_per_step(ref_runs), op_ms_per_step(cand_runs)
+    names = sorted(set(before.index) | set(after.index))
+    before, after = before.reindex(names).fillna(0.0), after.reindex(names).fillna(0.0)
+    rows = []
+    for name in names:
+        b, a = before.at[name, "ms_per_step"], after.at[name, "ms_per_step"]
+        if max(a, b) < min_ms:
+            continue
+        if before.at[name, "calls_per_step"] and not after.at[name, "calls_per_step"]:
+            flag = "vanished"
+        elif after.at[name, "calls_per_step"] and not before.at[name, "calls_per_step"]:
+            flag = "new"
+        elif a < 0.9 * b:
+            flag = "shrank"
+        elif a > 1.1 * b:
+            flag = "grew"
+        else:
+            flag = ""
+        rows.append([name, round(b, 3), round(a, 3), round(a - b, 3), before.at[name, "calls_per_step"],
+                     after.at[name, "calls_per_step"], flag])
+    frame = pd.DataFrame(rows, columns=SHIFT_COLUMNS)
+    order = sorted(frame.index, key=lambda i: (frame.at[i, "flag"] not in ("vanished", "new"),
+                                               -abs(frame.at[i, "delta ms/step"])))
+    return frame.loc[order].reset_index(drop=True)
+
+
+def round_op_shift(result, min_ms: float = 0.0) -> pd.DataFrame:
+    """`op_table_shift` of a round: its reference runs (before) against its candidate runs (after)."""
+    return op_table_shift(result.reference_runs, result.candidate_runs, min_ms)
+
+
+def shift_summary(shift: pd.DataFrame) -> str:
+    """One line: op time per step before → after, and which ops vanished or are new."""
+    total_b, total_a = shift["ms/step before"].sum(), shift["ms/step after"].sum()
+    gone = ", ".join(shift.loc[shift["flag"] == "vanished", "op"]) or "none"
+    new = ", ".join(shift.loc[shift["flag"] == "new", "op"]) or "none"
+    return (f"op time {total_b:.1f} → {total_a:.1f} ms/step ({total_a - total_b:+.1f}); vanished: {gone}; "
+            f"new: {new}")

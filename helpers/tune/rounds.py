@@ -1,0 +1,565 @@
+"""Tuning rounds against a pinned baseline: one change per round, a measured verdict, an append-only ledger.
+
+A workbook folder:
+    workbook.json            marks the folder; the rule's settings and the pinned baseline config
+    baseline/run_K/          the baseline's `repeats` run records
+    rounds/NN_name/          a round: candidate_K/ and reference_K/ runs (interleaved), rollback/ point
+    aa/NN/                   A/A checks: the current best as candidate_K/ and reference_K/
+    ledger.jsonl             the journal, one fsync'd JSON line per event, never rewritten: the source of truth
+    best.yaml                the current best config (a mirror of the ledger, rewritten atomically)
+    .lock                    flock'd while an operation writes (see `ledger.WorkbookLock`)
+    interrupted/             run folders of operations that died before their ledger entry, moved aside
+
+Every entry carries `best_round`: the round whose config is the current best after it (0 = the baseline).
+Replaying the ledger gives the state, so a workbook can be reopened, or read by another process, at any time.
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import re
+import shutil
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator
+
+from helpers import config as config_mod
+from helpers.config import Config
+from helpers.tune.convergence import CONVERGENCE_VARIABLES, OBJECTIVES, judge_convergence
+from helpers.tune.ledger import Ledger, RoundError, WorkbookLock
+from helpers.record import (SUMMARY_FILE, RecordError, RunRecord, atomic_write_json, atomic_write_text, load_run,
+                            median_summary, write_summary)
+from helpers.spawn.runner import launch
+from helpers.tune.rules import Verdict, failed, judge, loss_gate_for, noise_band
+
+__all__ = ["FIXED", "GROUPS", "RoundError", "RoundResult", "Verdict", "Workbook", "load_runs"]
+
+FORMAT = "mindspore-tuning-workbook"
+VERSION = 1
+MARKER = "workbook.json"
+
+# Variables that only make sense changed together; any other round changes exactly one variable.
+GROUPS = (
+    # Same tokens per optimizer step, different memory/speed trade: changing only one changes the recipe.
+    frozenset({"batch_size", "grad_accum_steps"}),
+    # fp16 without loss scaling underflows gradients; enabling AMP and its scaler is one decision.
+    frozenset({"amp_level", "loss_scale"}),
+    # The low-precision dtype means nothing at O0, so a level and its dtype are chosen together.
+    frozenset({"amp_level", "amp_dtype"}),
+    # jit_level means the compile level in graph mode but "wrap the step in ms.jit or not" in PyNative.
+    frozenset({"mode", "jit_level"}),
+)
+# Held fixed so candidate and reference runs cover the same steps, data order and steady window.
+FIXED = ("steps", "seed", "steady_after", "resume_from")
+OVERRIDE_DECISIONS = ("keep", "reject", "no change")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,47}$")
+
+
+@dataclass
+class RoundResult:
+    """One round as recorded in the ledger (paths absolute)."""
+    index: int
+    name: str
+    changes: dict[str, tuple]
+    reference_runs: list[Path]
+    candidate_runs: list[Path]
+    verdict: Verdict
+    override: dict | None
+    rollback: Path
+    objective: str = "speed"  # "speed" (tokens/s rule) or "convergence" (val loss at equal tokens, seeds)
+
+    @property
+    def decision(self) -> str:
+        """The person's override decision if any, else the verdict's."""
+        return self.override["decision"] if self.override else self.verdict.decision
+
+
+def _now() -> str:
+    return datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def _reasons(why: str, reasoning: dict | None) -> dict:
+    """Ledger fields saying why an entry was made (only those given)."""
+    return {**({"why": " ".join(why.split())} if why else {}), **({"reasoning": reasoning} if reasoning else {})}
+
+
+def load_runs(runs) -> list[RunRecord]:
+    """Records of run folders, in order. One policy for every reader of a workbook's runs: a folder that
+    holds no record (a run that died before writing one) is skipped; a record that exists but cannot be read
+    raises RoundError (one line), because a verdict or a table without it would be silently wrong."""
+    out = []
+    for p in runs:
+        p = Path(p)
+        if not (p / SUMMARY_FILE).is_file():
+            continue
+        try:
+            out.append(load_run(p))
+        except RecordError as exc:
+            raise RoundError(f"a run of this workbook is unreadable: {exc}") from None
+    return out
+
+
+class Workbook:
+    """A folder of tuning rounds; see the module docstring for its layout and rules."""
+
+    def __init__(self, path: Path, settings: dict, baseline_config: Config):
+        self.path = Path(path)
+        self.repeats: int = settings["repeats"]
+        self.loss_gate: float = settings["loss_gate"]
+        self.memory_limit_bytes: int = settings["memory_limit_bytes"]
+        self._baseline_config = baseline_config
+        self._ledger = Ledger(self.path / "ledger.jsonl")
+        self._lock = WorkbookLock(self.path / ".lock")
+
+    # ----- creating and opening -------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path, cfg: Config, repeats: int = 2, loss_gate: float = 0.02,
+               memory_limit_bytes: int | None = None) -> "Workbook":
+        """A new workbook pinned to `cfg`; on an existing workbook with the same baseline and settings, open it.
+
+        repeats: runs per config (≥ 2: one run cannot measure run-to-run noise); loss_gate: allowed relative
+        loss drift at equal tokens (0.02 = 2%); memory_limit_bytes: peak RSS limit (default 90% of RAM).
+        """
+        path = Path(path)
+        if not isinstance(repeats, int) or repeats < 2:
+            raise RoundError(f"repeats={repeats!r} cannot measure run-to-run noise; use repeats=2 or more")
+        if not 0 < loss_gate < 1:
+            raise RoundError(f"loss_gate={loss_gate!r} must be a fraction in (0, 1), e.g. 0.02 for 2%")
+        if memory_limit_bytes is None:
+            import psutil
+            memory_limit_bytes = int(0.9 * psutil.virtual_memory().total)
+        if memory_limit_bytes <= 0:
+            raise RoundError(f"memory_limit_bytes={memory_limit_bytes} must be positive (bytes), or None for "
+                             f"90% of this machine's RAM")
+        settings = {"repeats": repeats, "loss_gate": loss_gate, "memory_limit_bytes": int(memory_limit_bytes)}
+        if (path / MARKER).is_file():
+            book = cls.open(path)
+            mine = {"repeats": book.repeats, "loss_gate": book.loss_gate,
+                    "memory_limit_bytes": book.memory_limit_bytes}
+            changed = {**config_mod.diff(book._baseline_config, cfg),
+                       **{k: (mine[k], settings[k]) for k in settings if mine[k] != settings[k]}}
+            if changed:
+                what = ", ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in list(changed.items())[:3])
+                raise RoundError(f"{str(path)!r} already holds a workbook with another baseline or settings "
+                                 f"({what}); open it with Workbook.open or choose a new folder")
+            return book
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise RoundError(f"{str(path)!r} exists and is not a workbook; choose a new or empty folder")
+        if cfg.resume_from:
+            raise RoundError(f"the baseline has resume_from={cfg.resume_from!r}; pin a baseline that trains "
+                             f"from scratch (resume_from='')")
+        path.mkdir(parents=True, exist_ok=True)
+        marker = {"format": FORMAT, "version": VERSION, "created_at": _now(), "created_by": _user(),
+                  **settings, "baseline_config": config_mod.to_dict(cfg)}
+        atomic_write_text(path / "best.yaml", config_mod.dump(cfg))
+        atomic_write_json(path / MARKER, marker)
+        return cls(path, settings, cfg)
+
+    @classmethod
+    def open(cls, path) -> "Workbook":
+        """An existing workbook; RoundError (one line) for a missing, foreign or unreadable folder."""
+        path = Path(path)
+        if not path.is_dir():
+            raise RoundError(f"workbook folder {str(path)!r} does not exist; create it with "
+                             f"Workbook.create(path, cfg)")
+        if not (path / MARKER).is_file():
+            raise RoundError(f"{str(path)!r} is not a workbook (no {MARKER}); open a folder made by "
+                             f"Workbook.create, or create one")
+        try:
+            marker = json.loads((path / MARKER).read_text(encoding="utf-8"))
+            if marker.get("format") != FORMAT:
+                raise ValueError(f"format {marker.get('format')!r}")
+            cfg = config_mod.from_dict(marker["baseline_config"])
+            settings = {k: marker[k] for k in ("repeats", "loss_gate", "memory_limit_bytes")}
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+            raise RoundError(f"{str(path / MARKER)!r} is unreadable ({str(exc).splitlines()[0]}); it was not "
+                             f"written by Workbook.create — create a new workbook") from None
+        return cls(path, settings, cfg)
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the workbook's lock across several operations (each operation also takes it on its own)."""
+        with self._lock.hold():
+            yield
+
+    # ----- reading the state ----------------------------------------------------------------------------
+    def ledger(self) -> list[dict]:
+        """Every ledger entry, oldest first: event, round, changes, verdict, decision, best_round, who, when."""
+        return self._ledger.entries()
+
+    def _rel(self, path: Path) -> str:
+        return Path(path).relative_to(self.path).as_posix()
+
+    def _best_round(self, entries: list[dict]) -> int:
+        return entries[-1]["best_round"] if entries else 0
+
+    def _round_entries(self, entries: list[dict]) -> dict[int, dict]:
+        return {e["round"]: e for e in entries if e["event"] == "round"}
+
+    def _source(self, index: int, entries: list[dict]) -> tuple[Config, list[Path]]:
+        """(config, run dirs) of round `index`'s candidate, or of the baseline for 0."""
+        if index == 0:
+            pinned = [e for e in entries if e["event"] == "baseline"]
+            runs = [self.path / p for p in pinned[0]["runs"]] if pinned else []
+            return self._baseline_config, runs
+        entry = self._round_entries(entries)[index]
+        cfg = config_mod.load_config(self.path / entry["rollback"] / "config.yaml")
+        return cfg, [self.path / p for p in entry["candidate_runs"]]
+
+    load_runs = staticmethod(load_runs)
+
+    def baseline_runs(self) -> list[RunRecord]:
+        """The pinned baseline's records ([] before it is pinned; never trains)."""
+        return self.load_runs(self._source(0, self.ledger())[1])
+
+    def best_runs(self) -> list[RunRecord]:
+        """Records of the current best config: the kept round's candidate runs, or the baseline's."""
+        entries = self.ledger()
+        return self.load_runs(self._source(self._best_round(entries), entries)[1])
+
+    def best_config(self) -> Config:
+        """The current best config (the baseline until a round is kept, overridden or rolled back to)."""
+        entries = self.ledger()
+        return self._source(self._best_round(entries), entries)[0]
+
+    def rounds(self) -> list[RoundResult]:
+        """Every round so far, oldest first, with any override a person recorded."""
+        entries = self.ledger()
+        overrides: dict[int, dict] = {}
+        for e in entries:
+            if e["event"] == "decide":
+                overrides[e["round"]] = {"decision": e["decision"], "who": e["who"], "why": e["why"],
+                                         "at": e["when"]}
+        return [RoundResult(index=e["round"], name=e["name"],
+                            changes={k: tuple(v) for k, v in e["changes"].items()},
+                            reference_runs=[self.path / p for p in e["reference_runs"]],
+                            candidate_runs=[self.path / p for p in e["candidate_runs"]],
+                            verdict=Verdict.from_dict(e["verdict"]), override=overrides.get(e["round"]),
+                            rollback=self.path / e["rollback"], objective=e.get("objective", "speed"))
+                for e in entries if e["event"] == "round"]
+
+    # ----- writing ----------------------------------------------------------------------------------------
+    def _append(self, entry: dict, best_round: int, entries: list[dict]) -> None:
+        """Ledger first (the truth), then the best.yaml mirror if the best moved."""
+        self._ledger.append({**entry, "best_round": best_round})
+        if best_round != self._best_round(entries):
+            cfg, _ = self._source(best_round, [*entries, {**entry, "best_round": best_round}])
+            atomic_write_text(self.path / "best.yaml", config_mod.dump(cfg))
+
+    def _fresh(self, folder: Path) -> Path:
+        """An empty folder; leftovers of an operation that died before its ledger entry are moved aside."""
+        if folder.exists():
+            aside = self.path / "interrupted" / f"{self._rel(folder).replace('/', '_')}-{time.time_ns()}"
+            aside.parent.mkdir(exist_ok=True)
+            folder.rename(aside)
+        folder.mkdir(parents=True)
+        return folder
+
+    def _launch(self, cfg: Config, run_dir: Path, desc: str, progress: bool) -> tuple[RunRecord | None, str]:
+        """One run in its own process; (record, "") or (None, why) when the process left no record."""
+        try:
+            return launch(cfg, run_dir, progress=progress, desc=desc), ""
+        except RuntimeError as exc:
+            return None, f"{run_dir.name} left no record ({str(exc).splitlines()[0]})"
+
+    def _measure(self, cand_cfg: Config, ref_cfg: Config, folder: Path, label: str, progress: bool,
+                 seeds: list[int] | None = None):
+        """`repeats` candidate runs interleaved with as many reference reruns, in ABBA order.
+
+        With `seeds`, one run per seed and arm instead (run k of both arms uses seeds[k-1]: a convergence round).
+
+        Load on a shared machine drifts over minutes (here an identical rerun came out +38% against runs of a
+        minute before, both repeats agreeing); runs taken side by side see the same drift, and ABBA cancels a
+        linear trend. Stops at the first run that does not finish. Returns (candidates, references, error).
+        """
+        runs: dict[str, list[RunRecord]] = {"candidate": [], "reference": []}
+        count = len(seeds) if seeds else self.repeats
+        for k in range(1, count + 1):
+            for role in (("candidate", "reference") if k % 2 else ("reference", "candidate")):
+                cfg = cand_cfg if role == "candidate" else ref_cfg
+                if seeds:
+                    cfg = config_mod.with_changes(cfg, {"seed": seeds[k - 1]})
+                record, error = self._launch(cfg, folder / f"{role}_{k}", f"{label} {role} {k}/{count}",
+                                             progress)
+                if error:
+                    return runs["candidate"], runs["reference"], f"{role} {error}"
+                runs[role].append(record)
+                if record.status != "ok":
+                    return runs["candidate"], runs["reference"], ""
+        return runs["candidate"], runs["reference"], ""
+
+    def _verdict(self, candidates, references, error: str, baseline: list[RunRecord], objective: str = "speed",
+                 target: float | None = None) -> Verdict:
+        if error:
+            return failed(error, noise_band(baseline, [], baseline), loss_gate_for(baseline, self.loss_gate),
+                          self.memory_limit_bytes)
+        if objective == "convergence":
+            bad = judge(references, candidates, baseline, self.loss_gate, self.memory_limit_bytes)
+            if bad.decision == "failed":  # a seed that ended nan/failed: same reporting as a speed round
+                return bad
+            try:
+                return judge_convergence(references, candidates, self.memory_limit_bytes, target)
+            except ValueError as exc:  # e.g. eval points that share no token count: recorded, not lost
+                return failed(f"validation curves cannot be compared: {exc}", bad.noise_band,
+                              loss_gate_for(baseline, self.loss_gate), self.memory_limit_bytes)
+        return judge(references, candidates, baseline, self.loss_gate, self.memory_limit_bytes)
+
+    def baseline(self, progress: bool = True, who: str | None = None) -> list[RunRecord]:
+        """The pinned baseline's runs: trained `repeats` times (each in its own process) on the first call."""
+        with self._lock.hold():
+            entries = self.ledger()
+            pinned = [e for e in entries if e["event"] == "baseline"]
+            if pinned:
+                return self.load_runs([self.path / p for p in pinned[0]["runs"]])
+            folder = self._fresh(self.path / "baseline")
+            records = []
+            for k in range(1, self.repeats + 1):
+                record, error = self._launch(self._baseline_config, folder / f"run_{k}",
+                                             f"baseline {k}/{self.repeats}", progress)
+                if record is not None and record.status != "ok":
+                    error = (f"{record.path.name} ended '{record.status}': "
+                             f"{(record.summary.get('status_reason') or '').splitlines()[0]}")
+                if error:
+                    raise RoundError(f"baseline not pinned: {error}; fix the config and create the workbook "
+                                     f"again")
+                records.append(record)
+            runs = [self._rel(r.path) for r in records]
+            self._append({"event": "baseline", "round": 0, "name": "baseline", "changes": {}, "runs": runs,
+                          "tokens_per_s": median_summary(records, "tokens_per_s"), "verdict": None,
+                          "decision": "baseline", "who": who or _user(), "when": _now()}, 0, entries)
+            return records
+
+    def _pinned(self, entries: list[dict]) -> None:
+        if not any(e["event"] == "baseline" for e in entries):
+            raise RoundError("no baseline pinned yet; call wb.baseline() first")
+
+    def candidate(self, name: str, changes: dict[str, Any]) -> tuple[Config, dict[str, tuple]]:
+        """The candidate config of a round and its {key: (old, new)} changes; refuses bad rounds (no runs).
+
+        RoundError for a bad name, more than one variable outside a declared group (GROUPS), a fixed key
+        (FIXED) or a value equal to the current one; ConfigError for an invalid value.
+        """
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise RoundError(f"round name {name!r} must be 1-48 letters, digits or _ . + - (it names a folder), "
+                             f"e.g. 'batch_size'")
+        if not changes:
+            raise RoundError(f"round {name!r} changes nothing; pass e.g. {{'batch_size': 24}}")
+        keys = list(changes)
+        if len(keys) > 1 and frozenset(keys) not in GROUPS:
+            groups = ", ".join("+".join(sorted(g)) for g in GROUPS)
+            raise RoundError(f"round {name!r} changes {len(keys)} variables ({', '.join(keys)}); change one per "
+                             f"round, or declare a group such as {groups}")
+        fixed = [k for k in keys if k in FIXED]
+        if fixed:
+            raise RoundError(f"round {name!r} changes {', '.join(fixed)}; {', '.join(FIXED)} stay fixed so runs "
+                             f"compare — create a new workbook to change them")
+        best = self.best_config()
+        cand = config_mod.with_changes(best, changes)
+        moved = config_mod.diff(best, cand)
+        same = [k for k in keys if k not in moved]
+        if same:
+            current = config_mod.flatten(best)
+            raise RoundError(f"round {name!r}: {', '.join(f'{k}={current[k]!r}' for k in same)} equals the current "
+                             f"best; no change requested — pick a different value")
+        return cand, {k: moved[k] for k in keys}
+
+    def run_round(self, name: str, changes: dict[str, Any], progress: bool = True,
+                  who: str | None = None, objective: str = "speed", seeds: int = 2,
+                  target: float | None = None, why: str = "", reasoning: dict | None = None) -> RoundResult:
+        """Train the current best + `changes` against the current best, judge, record, save a rollback point.
+
+        objective="speed": `repeats` candidate runs interleaved with `repeats` reruns of the current best (see
+        `_measure`), judged on tokens/s (`verdict.judge`). objective="convergence": `seeds` runs per arm, run k
+        of both arms with seed best.seed + k − 1, judged on validation loss at equal tokens against the seed
+        band (`convergence.judge_convergence`; `target` = the val loss for time-to-target, default the level
+        every reference seed reached). The reruns are the round's reference_runs. `keep` makes the candidate the
+        best; other decisions leave it. A run that does not finish ends the round as "failed" (records kept,
+        remaining runs skipped). A speed round on a convergence variable (lr, warmup, ...) warns: tokens/s
+        cannot judge it. `why` (one paragraph) and `reasoning` (e.g. the auto-tuner's diagnosis and cost
+        estimate) say why the round was run; both go into its ledger entry.
+        """
+        if objective not in OBJECTIVES:
+            raise RoundError(f"objective={objective!r} is not allowed; choose one of {', '.join(OBJECTIVES)}")
+        if objective == "convergence" and (not isinstance(seeds, int) or seeds < 2):
+            raise RoundError(f"seeds={seeds!r} cannot measure seed-to-seed spread; use seeds=2 or more")
+        learning = [k for k in changes if k in CONVERGENCE_VARIABLES]
+        if objective == "speed" and learning:
+            warnings.warn(f"round {name!r} changes {', '.join(learning)}, which moves what the model learns, not "
+                          f"tokens/s; judge it with objective='convergence'", stacklevel=2)
+        with self._lock.hold():
+            entries = self.ledger()
+            self._pinned(entries)
+            cand, moved = self.candidate(name, changes)
+            best_round = self._best_round(entries)
+            best, _ = self._source(best_round, entries)
+            baseline = self.load_runs(self._source(0, entries)[1])
+            index = max(self._round_entries(entries), default=0) + 1
+            folder = self._fresh(self.path / "rounds" / f"{index:02d}_{name}")
+            seed_list = [best.seed + k for k in range(seeds)] if objective == "convergence" else None
+            records, references, error = self._measure(cand, best, folder, f"round {index} {name}", progress,
+                                                       seed_list)
+            verdict = self._verdict(records, references, error, baseline, objective, target)
+            rollback = self._save_rollback(folder / "rollback", cand, records)
+            self._append({"event": "round", "round": index, "name": name, "objective": objective,
+                          **({"seeds": seed_list} if seed_list else {}),
+                          "changes": {k: list(v) for k, v in moved.items()}, "reference_round": best_round,
+                          "reference_runs": [self._rel(r.path) for r in references],
+                          "candidate_runs": [self._rel(r.path) for r in records],
+                          "verdict": verdict.to_dict(), "decision": verdict.decision, "rollback": self._rel(rollback),
+                          "who": who or _user(), "when": _now(), **_reasons(why, reasoning)},
+                         index if verdict.decision == "keep" else best_round, entries)
+            return self.rounds()[-1]
+
+    def note(self, name: str, why: str, changes: dict[str, tuple] | None = None, decision: str = "note",
+             who: str | None = None, reasoning: dict | None = None) -> None:
+        """Record a step that trains nothing (a candidate the config refuses, a stop reason); the best stays.
+
+        changes: {key: (current, requested)}; decision: a short word such as 'skipped' or 'stop'.
+        """
+        with self._lock.hold():
+            entries = self.ledger()
+            self._append({"event": "note", "round": None, "name": name,
+                          "changes": {k: list(v) for k, v in (changes or {}).items()}, "verdict": None,
+                          "decision": decision, "who": who or _user(), "when": _now(), **_reasons(why, reasoning)},
+                         self._best_round(entries), entries)
+
+    def run_suggestion(self, suggestion, progress: bool = True, who: str | None = None) -> RoundResult:
+        """Run a `suggest.Suggestion` (name, changes, objective) as a round against the current best."""
+        return self.run_round(suggestion.name, suggestion.changes, progress=progress, who=who,
+                              objective=suggestion.objective)
+
+    def _save_rollback(self, folder: Path, cfg: Config, records: list[RunRecord]) -> Path:
+        """config.yaml, the last candidate run's summary.json and its last checkpoint (if it saved one)."""
+        folder.mkdir()
+        atomic_write_text(folder / "config.yaml", config_mod.dump(cfg))
+        if records:
+            last = records[-1]
+            write_summary(folder, last.summary)
+            ckpts = last.checkpoints()
+            if ckpts:
+                shutil.copy2(ckpts[-1], folder / ckpts[-1].name)
+        return folder
+
+    def aa_check(self, progress: bool = True, who: str | None = None) -> Verdict:
+        """Run the current best as both candidate and reference (interleaved) and judge it by the same rule.
+
+        An honest rule says "no change" here; anything else means the band is too tight for this machine's
+        noise right now. Recorded in the ledger (event aa_check); the best does not move.
+        """
+        with self._lock.hold():
+            entries = self.ledger()
+            self._pinned(entries)
+            best_round = self._best_round(entries)
+            cfg, _ = self._source(best_round, entries)
+            baseline = self.load_runs(self._source(0, entries)[1])
+            number = sum(e["event"] == "aa_check" for e in entries) + 1
+            folder = self._fresh(self.path / "aa" / f"{number:02d}")
+            records, references, error = self._measure(cfg, cfg, folder, f"A/A {number}", progress)
+            verdict = self._verdict(records, references, error, baseline)
+            self._append({"event": "aa_check", "round": best_round, "name": f"aa_{number:02d}", "changes": {},
+                          "reference_runs": [self._rel(r.path) for r in references],
+                          "candidate_runs": [self._rel(r.path) for r in records], "verdict": verdict.to_dict(),
+                          "decision": verdict.decision, "who": who or _user(), "when": _now()},
+                         best_round, entries)
+            return verdict
+
+    def decide(self, index: int, decision: str, who: str, why: str) -> RoundResult:
+        """Record a person's override of round `index`'s verdict and move the best accordingly.
+
+        keep → that round's config becomes the best; reject / no change → if that round is the current
+        best, the best returns to the config it was compared against; otherwise the best stays (use
+        `rollback` to go back further explicitly).
+        """
+        if decision not in OVERRIDE_DECISIONS:
+            raise RoundError(f"decision {decision!r} is not allowed; choose one of {', '.join(OVERRIDE_DECISIONS)}")
+        if not (isinstance(who, str) and who.strip() and isinstance(why, str) and why.strip()):
+            raise RoundError("an override needs who (your name) and why (one sentence); both were not given")
+        with self._lock.hold():
+            entries = self.ledger()
+            entry = self._round(index, entries)
+            if decision == "keep" and entry["verdict"]["decision"] == "failed":
+                raise RoundError(f"round {index} ({entry['name']}) failed, its config did not finish training; "
+                                 f"it cannot be kept — run a new round instead")
+            best_round = self._best_round(entries)
+            if decision == "keep":
+                best_round = index
+            elif best_round == index:
+                best_round = entry["reference_round"]
+            self._append({"event": "decide", "round": index, "name": entry["name"], "changes": entry["changes"],
+                          "verdict": entry["verdict"], "decision": decision, "who": who.strip(),
+                          "why": " ".join(why.split()), "when": _now()}, best_round, entries)
+            return next(r for r in self.rounds() if r.index == index)
+
+    def rollback(self, index: int, who: str | None = None) -> Config:
+        """Make round `index`'s config (its rollback point; 0 = the baseline) the current best again."""
+        with self._lock.hold():
+            entries = self.ledger()
+            self._pinned(entries)
+            if index != 0:
+                entry = self._round(index, entries)
+                if entry["verdict"]["decision"] == "failed":
+                    raise RoundError(f"round {index} ({entry['name']}) failed, so its rollback point never trained "
+                                     f"to the end; roll back to another round or 0 (the baseline)")
+            before = self.best_config()
+            cfg, _ = self._source(index, entries)
+            self._append({"event": "rollback", "round": index, "name": "rollback",
+                          "changes": {k: list(v) for k, v in config_mod.diff(before, cfg).items()},
+                          "verdict": None, "decision": "rollback", "who": who or _user(), "when": _now()},
+                         index, entries)
+            return cfg
+
+    def _round(self, index: int, entries: list[dict]) -> dict:
+        recorded = self._round_entries(entries)
+        if index not in recorded:
+            raise RoundError(f"there is no round {index!r}; rounds so far: {sorted(recorded) or 'none'}")
+        return recorded[index]
+
+    # ----- the final table --------------------------------------------------------------------------------
+    def before_after(self) -> list[dict]:
+        """Baseline vs current best, medians over each side's runs: rows of metric, unit, baseline, best, ratio.
+
+        ratio = best ÷ baseline (None where a side has no value); comm share appears only if a run reports it.
+        """
+        entries = self.ledger()
+        self._pinned(entries)
+        sides = []
+        for index in (0, self._best_round(entries)):
+            cfg, runs = self._source(index, entries)
+            sides.append((cfg, self.load_runs(runs)))
+        (base_cfg, base_runs), (best_cfg, best_runs) = sides
+        steps = base_cfg.steps
+
+        def pair(fn) -> tuple:
+            return fn(base_cfg, base_runs), fn(best_cfg, best_runs)
+
+        rows = [
+            ("model params", "parameters", pair(lambda c, r: median_summary(r, "n_params"))),
+            ("data parallel", "processes", pair(lambda c, r: c.parallel.data_parallel)),
+            ("batch per device", "sequences", pair(lambda c, r: c.batch_size)),
+            ("gradient accumulation", "micro-batches", pair(lambda c, r: c.grad_accum_steps)),
+            ("step time", "ms", pair(lambda c, r: median_summary(r, "step_time_ms"))),
+            ("throughput", "tokens/s", pair(lambda c, r: median_summary(r, "tokens_per_s"))),
+            ("MFU", "fraction", pair(lambda c, r: median_summary(r, "mfu"))),
+            ("peak memory", "bytes", pair(lambda c, r: median_summary(r, "peak_memory_bytes"))),
+            ("comm share", "fraction", pair(lambda c, r: median_summary(r, "comm_share"))),
+            (f"loss after {steps} steps", "nats/token", pair(lambda c, r: median_summary(r, "loss_last"))),
+            ("val loss", "nats/token", pair(lambda c, r: median_summary(r, "val_loss"))),
+        ]
+        return [{"metric": metric, "unit": unit, "baseline": a, "best": b,
+                 "ratio": (b / a if a not in (None, 0) and b is not None else None)}
+                for metric, unit, (a, b) in rows if not (metric == "comm share" and a is None and b is None)]
+
+    def __repr__(self) -> str:
+        return f"Workbook({str(self.path)!r}, repeats={self.repeats})"
+

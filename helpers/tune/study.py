@@ -1,0 +1,100 @@
+"""Measurements the notebooks need beside rounds: the notebooks' base config, one-run-per-value sweeps,
+cold vs warm compile cache, the graph-mode break-even step count, and configs the device refuses."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from helpers.config import Config, ConfigError, from_dict, with_changes
+from helpers.record import RunRecord
+from helpers.spawn.runner import launch
+
+
+def base_config(preset: str = "nano", steps: int = 50, corpus: str | list[str] = "tinyshakespeare",
+                changes: dict[str, Any] | None = None) -> Config:
+    """The workbook's starting config for short runs: warm-up and eval spacing scale with `steps`
+    (warm-up = eval_every = steps/5, 5 validation batches, first min(5, steps/3) steps left out of speed)."""
+    corpora = [corpus] if isinstance(corpus, str) else list(corpus)
+    short = {"steps": steps, "warmup": max(1, steps // 5), "eval_every": max(1, steps // 5), "eval_batches": 5,
+             "steady_after": max(1, min(5, steps // 3))}
+    return from_dict({"model": {"preset": preset}, "data": {"corpus": corpora}}, {**short, **(changes or {})})
+
+
+def slug(key: str, value: Any) -> str:
+    """A folder / round name for key=value: 'data.order', 'map_first' → 'order_map_first' (≤ 48 characters;
+    no '=' or ',', which the profiler refuses in paths)."""
+    text = f"{key.split('.')[-1]}_{value}"
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:48]
+
+
+def study_dir(workbook_dir: str | os.PathLike, name: str) -> Path:
+    """Where a notebook keeps runs that are not rounds: <workbook>/studies/<name>."""
+    return Path(workbook_dir) / "studies" / name
+
+
+def run_variants(cfg: Config, variants: dict[Any, dict[str, Any]], out_dir: str | os.PathLike,
+                 label_key: str, progress: bool = True) -> list[tuple[Any, RunRecord]]:
+    """One run of `cfg` + changes per {label: changes} variant, in <out_dir>/<label_key>_<label>/;
+    returns (label, record) pairs. All configs are validated before the first run starts."""
+    out = Path(out_dir)
+    configs = [(label, with_changes(cfg, changes)) for label, changes in variants.items()]
+    return [(label, launch(c, out / slug(label_key, label), progress=progress, desc=f"{label_key}={label}"))
+            for label, c in configs]
+
+
+def sweep(cfg: Config, key: str, values: list, out_dir: str | os.PathLike, progress: bool = True,
+          fixed: dict[str, Any] | None = None) -> list[tuple[Any, RunRecord]]:
+    """One run of `cfg` (plus `fixed` changes) per value of `key`; returns (value, record) pairs."""
+    return run_variants(cfg, {v: {**(fixed or {}), key: v} for v in values}, out_dir, key, progress)
+
+
+def accumulation_sweep(cfg: Config, factors: list[int], out_dir: str | os.PathLike,
+                       progress: bool = True) -> list[tuple[int, RunRecord]]:
+    """One run per accumulation factor at cfg's global batch; returns (micro-batch size, record) pairs."""
+    variants = {cfg.batch_size // f: accumulation_changes(cfg, f) for f in factors}
+    return run_variants(cfg, variants, out_dir, "micro_batch", progress)
+
+
+def run_rounds(wb, rounds: dict[str, dict[str, Any]], progress: bool = True) -> list:
+    """wb.run_round for each {name: changes} in order (each against the then-current best)."""
+    return [wb.run_round(name, changes, progress=progress) for name, changes in rounds.items()]
+
+
+def compile_cache_runs(cfg: Config, out_dir: str | os.PathLike,
+                       progress: bool = True) -> dict[str, list[RunRecord]]:
+    """Two runs in separate processes with the compile cache on, the first into an empty cache folder:
+    {'cold cache': [record], 'warm cache': [record]}; their summaries' compile_s is the first step (s)."""
+    out = Path(out_dir)
+    cache = out / "compile_cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    cached = with_changes(cfg, {"compile_cache": True, "compile_cache_path": str(cache)})
+    return {f"{kind} cache": [launch(cached, out / kind, progress=progress, desc=f"compile cache {kind}")]
+            for kind in ("cold", "warm")}
+
+
+def break_even_steps(compile_s: float, step_ms: float, other_compile_s: float, other_step_ms: float) -> float | None:
+    """Steps after which a compiled run (first step `compile_s` s, then `step_ms` ms/step) has spent less
+    time in all than the other run; 0 when it is ahead from the start, None when its step is not faster."""
+    saving_s = (other_step_ms - step_ms) / 1000.0
+    if saving_s <= 0:
+        return None
+    return max(0.0, (compile_s - other_compile_s) / saving_s)
+
+
+def try_config(cfg: Config, changes: dict[str, Any]) -> str:
+    """'accepted', or the one-line error this device gives for `changes` (e.g. bf16 on CPU)."""
+    try:
+        with_changes(cfg, changes)
+    except ConfigError as exc:
+        return f"refused: {exc}"
+    return "accepted"
+
+
+def accumulation_changes(cfg: Config, factor: int) -> dict[str, int]:
+    """The declared group batch_size ÷ factor, grad_accum_steps × factor: same global batch, smaller micro-batch."""
+    if factor < 1 or cfg.batch_size % factor:
+        raise ConfigError(f"factor={factor} does not divide batch_size={cfg.batch_size}; "
+                          f"pick a divisor of the batch size")
+    return {"batch_size": cfg.batch_size // factor, "grad_accum_steps": cfg.grad_accum_steps * factor}

@@ -1,0 +1,163 @@
+"""The notebooks through papermill and the headless workbook runner (`python -m helpers workbook`)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+from nbformat.v4 import new_code_cell, new_notebook
+
+from helpers.book.notebooks import (NOTEBOOKS_DIR, WorkbookError, check_params, discover, notebook_parameters,
+                                  preflight, run_workbook)
+from tests.conftest import run_cli
+
+NOTEBOOKS = discover(NOTEBOOKS_DIR)
+# The notebooks on the shared tuning workbook (others, e.g. 10_data_parallel, keep their own runs).
+WORKBOOK_NOTEBOOKS = ["01_baseline", "02_data_pipeline", "03_mixed_precision", "04_graph_mode", "05_batch_size",
+                      "06_grad_accumulation", "07_recompute", "08_compare", "09_evaluation"]
+
+
+def tiny_params(corpus: Path) -> dict:
+    """Seconds-long runs: tiny preset, 10 steps, repeats 2 (the minimum a round accepts), no extra sweeps."""
+    return {"preset": "tiny", "steps": 10, "repeats": 2, "corpus": str(corpus), "aa_check": False,
+            "slow_storage_ms": 10.0, "demo_steps": 20, "batch_candidate": 16, "batch_sweep": [], "accum_sweep": [],
+            "amp_sweep": [],
+            "mode_variants": {"pynative+jit": {"mode": "pynative", "jit_level": "O0"}}}
+
+
+def test_notebooks_are_clean_and_parameterised():
+    shared = {"workbook_dir", "preset", "steps", "repeats", "corpus"}
+    types: dict[str, set] = {}
+    for path in NOTEBOOKS:
+        nb = nbformat.read(str(path), as_version=4)
+        nbformat.validate(nb)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert all(not c.outputs and c.execution_count is None for c in code), f"{path.name} has outputs"
+        assert sum("parameters" in c.metadata.get("tags", []) for c in code) == 1, path.name
+        assert any(c.cell_type == "markdown" for c in nb.cells), f"{path.name} has no narration"
+        params = notebook_parameters(path)
+        if path.stem in WORKBOOK_NOTEBOOKS:
+            assert shared <= set(params), f"{path.name} lacks {shared - set(params)}"
+        for key, value in params.items():
+            types.setdefault(key, set()).add(type(value))
+    assert {k: v for k, v in types.items() if len(v) > 1} == {}, "a parameter has different types across notebooks"
+
+
+def test_wrong_parameter_type_is_one_line_before_running(tmp_path):
+    defaults = {p.stem: notebook_parameters(p) for p in NOTEBOOKS}
+    with pytest.raises(WorkbookError) as err:
+        check_params({"steps": "fifty"}, defaults)
+    assert str(err.value) == ("notebook parameter steps='fifty' must be a whole number "
+                              "(default in 01_baseline: steps = 50)")
+    with pytest.raises(WorkbookError, match="did you mean 'steps'"):
+        check_params({"stpes": 10}, defaults)
+    with pytest.raises(WorkbookError, match="must be a list of whole numbers"):
+        check_params({"batch_sweep": [4, "x"]}, defaults)
+    check_params({"steps": 10, "slow_storage_ms": 3, "batch_sweep": []}, defaults)  # an int is a fine float
+    with pytest.raises(WorkbookError, match=r"invalid config: model.preset='huge' is not allowed"):
+        preflight({"preset": "huge"}, defaults)
+    preflight({"preset": "tiny", "steps": 10}, defaults)
+
+    params = tmp_path / "p.yaml"
+    params.write_text("steps: fifty\n")
+    out = tmp_path / "report"
+    proc = run_cli("workbook", "--params", str(params), "--out", str(out), timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: notebook parameter steps='fifty' must be a whole number (default in 01_baseline: steps = 50)"]
+    assert not out.exists(), "nothing may run (or be created) before the parameters are checked"
+
+
+def _notebook(path: Path, *sources: str, params: str = "") -> None:
+    cells = []
+    if params:
+        cells.append(new_code_cell(params, metadata={"tags": ["parameters"]}))
+    cells += [new_code_cell(s) for s in sources]
+    nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                            "language": "python"}})
+    nbformat.write(nb, str(path))
+
+
+def test_a_failing_notebook_keeps_its_copy_and_the_run_goes_on(tmp_path):
+    books = tmp_path / "notebooks"
+    books.mkdir()
+    _notebook(books / "00_first.ipynb", "print('first ran', x)", params="x = 1")
+    _notebook(books / "01_broken.ipynb", "raise ValueError('boom: this notebook fails on purpose')")
+    _notebook(books / "02_after.ipynb", "print('failed so far:', failed_notebooks)", params="failed_notebooks = {}")
+    params = tmp_path / "p.yaml"
+    params.write_text("x: 7\n")
+    out = tmp_path / "reports" / "run1"
+    results = run_workbook(params, out, books, log=lambda _: None)
+
+    assert [(r.name, r.status) for r in results] == [("00_first", "ok"), ("01_broken", "failed"), ("02_after", "ok")]
+    assert results[1].error == "ValueError: boom: this notebook fails on purpose"
+    broken = nbformat.read(str(out / "01_broken.ipynb"), as_version=4)
+    outputs = [o for c in broken.cells for o in c.get("outputs", [])]
+    assert any(o.output_type == "error" and o.ename == "ValueError" for o in outputs)
+    assert "papermill-error-cell" in json.dumps(broken.cells[0].metadata) or any(
+        "papermill" in json.dumps(c.metadata) for c in broken.cells)
+    first = (out / "00_first.ipynb").read_text()
+    assert "first ran 7" in first
+    after = nbformat.read(str(out / "02_after.ipynb"), as_version=4)
+    assert "01_broken" in after.cells[-1].outputs[0].text
+    for name in ("00_first", "01_broken", "02_after"):
+        assert (out / f"{name}.html").is_file()
+    index = (out / "index.html").read_text()
+    assert '<tr class="failed"><td>01_broken</td><td>failed</td>' in index
+    assert "2 of 3 notebooks ran; 1 failed" in index
+    assert "notebook failed: ValueError: boom" in index  # the comparison marks it failed too
+    assert (out.parent / "latest").resolve() == out.resolve()
+
+
+@pytest.mark.slow
+def test_workbook_runs_every_notebook_into_a_report(tmp_path, small_corpus):
+    books = tmp_path / "notebooks"  # this workbook's notebooks; others (10_data_parallel) test their own
+    books.mkdir()
+    mine = [p for p in NOTEBOOKS if p.stem in ["00_environment", *WORKBOOK_NOTEBOOKS]]
+    for path in mine:
+        shutil.copy(path, books / path.name)
+    params = tmp_path / "tiny.yaml"
+    params.write_text(yaml.safe_dump(tiny_params(small_corpus)))
+    out = tmp_path / "reports" / "stamp"
+    results = run_workbook(params, out, books, log=lambda _: None)
+
+    assert {r.name: r.error for r in results if r.status != "ok"} == {}
+    assert [r.name for r in results] == [p.stem for p in mine]
+    for path in mine:
+        executed = nbformat.read(str(out / path.name), as_version=4)
+        errors = [o for c in executed.cells for o in c.get("outputs", []) if o.output_type == "error"]
+        assert errors == [], path.name
+        if path.stem in WORKBOOK_NOTEBOOKS:
+            assert executed.metadata["papermill"]["parameters"]["workbook_dir"] == str(out.resolve() / "workbook")
+        assert (out / f"{path.stem}.html").stat().st_size > 10_000
+    # Matplotlib figures are in the reports; widget state was kept for the HTML.
+    assert "image/png" in (out / "01_baseline.ipynb").read_text()
+    assert "widget-state" in json.dumps(nbformat.read(str(out / "01_baseline.ipynb"), as_version=4).metadata)
+    index = (out / "index.html").read_text()
+    assert "10 of 10 notebooks ran; 0 failed" in index
+    assert "throughput" in index and "Rounds" in index
+    for name in ("amp", "batch_size", "grad_accumulation", "recompute"):
+        assert f"<td>{name}</td>" in index
+    assert (out.parent / "latest").resolve() == out.resolve()
+
+    from helpers.book.report import load_runs
+    from helpers.tune.rounds import Workbook
+    wb = Workbook.open(out / "workbook")
+    assert [r.name for r in wb.rounds()] == ["amp", "batch_size", "grad_accumulation", "recompute"]
+    assert all(len(r.candidate_runs) == 2 and len(r.reference_runs) == 2 for r in wb.rounds())
+    cold, warm = (load_runs([out / "workbook" / "studies" / "compile_cache" / k])[0] for k in ("cold", "warm"))
+    assert cold.status == warm.status == "ok"
+    assert warm.summary["compile_s"] < cold.summary["compile_s"], "the warm compile cache did not help"
+    assert warm.summary["loss_last"] < warm.summary["loss_first"], "a warm-cache run must still train"
+    profiled = load_runs([out / "workbook" / "studies" / "profiled_baseline"])[0]
+    assert (profiled.path / "profile" / "op_table.csv").is_file()
+    assert profiled.summary["bottleneck"] in {"data-bound", "compute-bound", "communication-bound", "memory-bound",
+                                           "balanced"}
+    evaluation = (out / "09_evaluation.ipynb").read_text()
+    assert "verdict: " in evaluation and "alarm" in evaluation
+    demo = Workbook.open(out / "workbook" / "studies" / "data_pipeline")
+    waits = [r.summary["data_wait_share"] for r in load_runs(demo.rounds()[0].reference_runs)]
+    assert min(waits) > 0.05, f"the slow-storage demo baseline is not data-bound: data_wait_share {waits}"

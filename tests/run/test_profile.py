@@ -1,0 +1,43 @@
+"""The profile command on real tiny runs: MindSpore op names, shares, overhead, raw output kept."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers.run.profile import load_profile
+from helpers.record import load_run
+from tests.conftest import run_cli, tiny_args
+
+pytestmark = pytest.mark.slow
+
+
+def test_profile_cli_writes_op_table_shares_and_overhead(tmp_path, small_corpus):
+    out = tmp_path / "prof"
+    proc = run_cli("profile", *tiny_args(small_corpus, 70), "--steps", "40", "--out", str(out),
+                   "--progress", "none")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "profiler overhead: " in proc.stdout and "MatMul" in proc.stdout
+    report = load_profile(out)
+    names = [op["name"] for op in report.ops]
+    assert {"MatMul", "BatchMatMul", "LayerNormGrad", "AdamWeightDecay"} <= set(names)
+    shares = [op["share"] for op in report.ops]
+    assert 0.99 < sum(shares) <= 1.0 + 1e-9 and shares == sorted(shares, reverse=True)
+    assert report.window == [4, 43] and report.steps_profiled == 40
+    matmul = report.ops[names.index("MatMul")]
+    assert matmul["calls_per_step"] >= 10 and matmul["avg_us"] > 0
+    assert report.baseline_steps == 27 and isinstance(report.overhead_pct, float)
+    assert report.comm_share.startswith("not applicable: single process")
+    assert 0 <= report.data_wait_share < 0.5
+    assert (out / report.trace_file).is_file()  # Chrome trace kept for a viewer
+    data = json.loads((out / "profile" / "profile.json").read_text())
+    assert "not produced on CPU" in data["not_produced_on_cpu"]["device_memory"]
+    summary = load_run(out).summary
+    assert summary["profile_top_op"] == names[0] and summary["profile_overhead_pct"] == report.overhead_pct
+    assert report.frame(top=5).shape == (5, 7)
+
+
+def test_profile_rejects_paths_the_profiler_cannot_take(tmp_path):
+    proc = run_cli("profile", "--steps", "5", "--out", str(tmp_path / "a=b"))
+    assert proc.returncode == 2 and "'=' or ','" in proc.stderr
+    assert not (tmp_path / "a=b").exists()

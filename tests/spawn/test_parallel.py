@@ -1,0 +1,136 @@
+"""Data parallel through msrun: config checks, port handling, the planner's arithmetic, and real 2-rank runs."""
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+from helpers.config import ConfigError, from_dict
+from helpers.spawn.msrun import check_port, free_port, msrun_command
+from helpers.book.planner import GB, MODELS, Strategy, eight_by_40gb, estimate, recommend
+from helpers.record import load_run
+from tests.conftest import REPO, run_cli, tiny_args
+
+
+# ------------------------------------------------------------------------------------------ no training
+
+@pytest.mark.parametrize("overrides, message", [
+    (["parallel.data_parallel=2", "batch_size=7"], "does not split evenly"),
+    (["parallel.data_parallel=64", "batch_size=64"], "cores"),
+    (["parallel.data_parallel=2", "batch_size=8", "parallel.comm_fusion=index"], "fusion_indices"),
+    (["parallel.data_parallel=2", "batch_size=8", "parallel.comm_fusion=index", "parallel.fusion_indices=[5,3]"],
+     "increasing"),
+    (["parallel.comm_fusion=ring"], "choose one of none, size, index"),
+])
+def test_bad_parallel_config_is_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        from_dict({}, overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_port_in_use_is_refused_and_free_port_is_bindable():
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        with pytest.raises(ConfigError, match="already in use"):
+            check_port(busy.getsockname()[1])
+    with pytest.raises(ConfigError, match="1024-65535"):
+        check_port(80)
+    check_port(free_port())
+
+
+def test_pinned_busy_port_fails_before_launching(tmp_path, small_corpus):
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_cli("train", *tiny_args(small_corpus, 10, "parallel.data_parallel=2",
+                                           f"parallel.master_port={port}"), "--out", str(tmp_path / "r"))
+    assert proc.returncode == 2
+    assert f"parallel.master_port={port} is already in use" in proc.stderr
+    assert not (tmp_path / "r" / "msrun_logs").exists()
+
+
+def test_msrun_command_for_two_nodes():
+    cmd = msrun_command("c.yaml", "runs/x", 8, 8118, nodes=2, node_rank=1, master_addr="10.0.0.1")
+    assert cmd[:7] == ["msrun", "--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1",
+                       "--master_port=8118", "--node_rank=1", "--log_dir=runs/x/msrun_logs"]
+    assert cmd[7:] == ["--join=True", "helpers/spawn/dp_worker.py", "--config", "c.yaml", "--out", "runs/x"]
+
+
+def test_planner_reproduces_7b_hand_arithmetic():
+    e = estimate(MODELS["7B"], Strategy(dtype="fp16"))
+    assert e.params == 14 * GB and e.grads == 14 * GB  # 7e9 x 2 bytes
+    assert e.optimizer == 84 * GB  # fp32 master + m + v = 12 B/param
+    assert e.model_state == 112 * GB  # 16 B/param
+    assert estimate(MODELS["7B"], Strategy(dtype="fp32")).model_state == 7e9 * 16  # 4 + 4 + 8
+    tp2 = estimate(MODELS["7B"], Strategy(tp=2))
+    assert tp2.params == 7 * GB and tp2.optimizer == 42 * GB
+    assert estimate(MODELS["7B"], Strategy(dp=8, optimizer_shard=True)).optimizer == 10.5 * GB
+    # activations, 16-bit, no TP: s*b*h*(34 + 5*a*s/h) per layer x 32 layers + fp32 logits
+    sbh = 4096 * 1 * 4096
+    assert e.activations == pytest.approx(sbh * (34 + 5 * 32) * 32 + 4 * 4096 * 32000)
+    recompute = estimate(MODELS["7B"], Strategy(recompute=True)).activations
+    assert recompute == pytest.approx(2 * sbh * 32 + sbh * 194 + 4 * 4096 * 32000)
+
+
+def test_eight_by_40gb_example_and_recommendations():
+    rows = {(r["dp"], r["tp"], r["pp"], r["recompute"], r["optimizer_shard"]): r for r in eight_by_40gb()}
+    assert not rows[(8, 1, 1, False, False)]["fits"]  # 112 GB of state on every device
+    assert not rows[(8, 1, 1, True, True)]["fits"]  # 14 + 14 + 10.5 + activations > 40
+    assert rows[(4, 2, 1, True, True)]["fits"]
+    assert all(r["devices"] == 8 for r in rows.values())
+    assert recommend(7e9).startswith("DP + recompute")
+    assert recommend(13e9).startswith("DP + TP 2-4") and recommend(30e9).startswith("DP + TP 2-4")
+    assert recommend(70e9).startswith("DP + TP") and "PP" in recommend(70e9)
+
+
+# -------------------------------------------------------------------------------------- real training
+
+@pytest.mark.slow
+def test_two_rank_msrun_run_matches_one_process_with_same_global_batch(tmp_path, small_corpus):
+    args = tiny_args(small_corpus, 12)
+    single, dp = tmp_path / "single", tmp_path / "dp2"
+    proc = run_cli("train", *args, "--out", str(single), "--progress", "none")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_cli("train", *args, "--set", "parallel.data_parallel=2", "--set", "parallel.comm_fusion=size",
+                   "--out", str(dp), "--progress", "none")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("ok · 12 steps")
+    a, b = load_run(single), load_run(dp)
+    la, lb = np.array([r["loss"] for r in a.metrics]), np.array([r["loss"] for r in b.metrics])
+    assert len(la) == len(lb) == 12
+    assert np.max(np.abs(la - lb) / la) < 1e-5  # measured ~6e-7: float32 summation order only
+    s = b.summary
+    assert s["status"] == "ok" and s["data_parallel"] == 2 and s["ranks_merged"] == 2
+    assert s["comm_share"] > 0 and s["comm_ms_per_step"] > 0
+    assert s["allreduce_calls_per_step"] == 1.0  # fused by size: one bucket for the tiny model
+    assert len(s["rank_step_time_ms"]) == 2
+    for rank in (0, 1):
+        rows = load_json_rows(dp / "ranks" / f"rank_{rank}.json")
+        assert [r["step"] for r in rows] == list(range(1, 13))
+    merged = {r["step"]: r["step_time_ms"] for r in b.metrics}
+    slowest = {row["step"]: max(row["step_time_ms"], other["step_time_ms"]) for row, other in
+               zip(load_json_rows(dp / "ranks" / "rank_0.json"), load_json_rows(dp / "ranks" / "rank_1.json"))}
+    assert merged == pytest.approx(slowest)
+    assert a.summary["comm_share"] == 0.0
+    assert b.checkpoints() and not list((dp / "ranks" / "rank_1" / "checkpoints").glob("*.ckpt"))
+
+
+def load_json_rows(path):
+    import json
+    return json.loads(path.read_text())["rows"]
+
+
+@pytest.mark.slow
+def test_notebook_runs_with_tiny_parameters(tmp_path, small_corpus):
+    import papermill as pm
+    runs = tmp_path / "runs"
+    pm.execute_notebook(str(REPO / "notebooks" / "10_data_parallel.ipynb"), str(tmp_path / "out.ipynb"),
+                        parameters={"preset": "tiny", "steps": 10, "batch_size": 8, "corpus": str(small_corpus),
+                                    "runs_dir": str(runs)}, cwd=str(REPO), progress_bar=False)
+    unfused, fused = load_run(runs / "dp2_unfused").summary, load_run(runs / "dp2_fused_by_index").summary
+    assert unfused["comm_share"] > 0 and fused["comm_share"] > 0
+    assert unfused["allreduce_calls_per_step"] == 28.0  # one per gradient tensor of the tiny model
+    assert fused["allreduce_calls_per_step"] == 3.0  # split at parameters 5 and 10

@@ -1,0 +1,99 @@
+"""The house's floors: each module imports only from its own layer or below, and no import cycle exists."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+HELPERS = Path(__file__).resolve().parent.parent / "helpers"
+# Ground floor first; a module may import its own floor or any floor below it.
+LAYERS = {"config": 0, "record": 0, "paths": 0, "run": 1, "spawn": 2, "tune": 3, "book": 4, "cli": 5,
+          "__init__": 5, "__main__": 5}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(HELPERS.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS[parts[1] if len(parts) > 1 else "__init__"]
+
+
+def imports(path: Path) -> set[str]:
+    """Every helpers.* module `path` imports, at top level or inside functions."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("helpers")}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            if not base.startswith("helpers"):
+                continue
+            for alias in node.names:  # `from helpers.run import train` names a module
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if _exists(candidate) else base)
+    return {m for m in found if _exists(m)}
+
+
+def _exists(module: str) -> bool:
+    rel = Path(*module.split("."))
+    return (HELPERS.parent / rel.with_suffix(".py")).is_file() or (HELPERS.parent / rel / "__init__.py").is_file()
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports(p) for p in HELPERS.rglob("*.py")}
+
+
+def test_every_module_has_a_layer():
+    for module in graph():
+        assert layer(module) is not None, module
+
+
+def test_no_import_from_a_higher_layer():
+    upward = [f"{m} (layer {layer(m)}) imports {d} (layer {layer(d)})"
+              for m, deps in graph().items() for d in deps
+              if layer(d) > layer(m) and not d.startswith(m + ".")]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycle():
+    g = graph()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(g.get(node, ())):
+            if dep == node or node.startswith(dep + ".") and dep.count(".") == 1:
+                continue  # a sub-package's own __init__ and the package that holds it
+            if state.get(dep) == 1:
+                cycles.append(" → ".join(path[path.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep, path + [dep])
+        state[node] = 2
+
+    for node in sorted(g):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
+    """The walk is real: an upward import written into a run module is reported."""
+    bad = HELPERS / "run" / "_layer_probe.py"
+    bad.write_text("from helpers.tune.rounds import Workbook\n", encoding="utf-8")
+    try:
+        deps = imports(bad)
+        assert "helpers.tune.rounds" in deps
+        assert layer("helpers.tune.rounds") > layer(module_name(bad))
+    finally:
+        bad.unlink()
