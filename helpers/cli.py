@@ -2,48 +2,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from helpers import config as config_mod
 from helpers.config import ConfigError, load_config
 from helpers.record import RecordError, load_run
+from helpers.units import mib_text
+from helpers.run.rows import PROGRESS_KINDS, progress_sink
 
 KNOWN_ERRORS = (ConfigError, RecordError)
-
-
-def _progress(kind: str):
-    """A callback(row, total) that shows progress as a bar, JSON lines or a line per 10%."""
-    if kind == "none":
-        return None
-    if kind == "json":
-        def emit(row, total):
-            print(json.dumps({k: row[k] for k in ("step", "loss", "tokens_per_s", "step_time_ms")}), flush=True)
-        return emit
-    if kind == "bar":
-        from tqdm import tqdm
-        bar = {}
-
-        def update(row, total):
-            if "bar" not in bar:
-                bar["bar"] = tqdm(total=total, initial=row["step"] - 1, unit="step", file=sys.stderr)
-            bar["bar"].update(1)
-            bar["bar"].set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
-            if row["step"] == total:
-                bar["bar"].close()
-        return update
-
-    def log(row, total):
-        if row["step"] == total or row["step"] % max(1, total // 10) == 0:
-            print(f"step {row['step']}/{total} loss {row['loss']:.4f} {row['tokens_per_s']:.0f} tokens/s",
-                  file=sys.stderr, flush=True)
-    return log
-
-
-def fmt_bytes(n) -> str:
-    """Bytes as MiB text."""
-    return "n/a" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
 def one_line(summary: dict, out: str) -> str:
@@ -56,7 +24,7 @@ def one_line(summary: dict, out: str) -> str:
             f"{num('loss_last', '.3f')} · val {num('val_loss', '.3f')} (ppl {num('val_ppl', '.1f')}) · "
             f"{num('tokens_per_s', ',.0f')} tokens/s · {num('step_time_ms', '.1f')} ms/step · "
             f"MFU {'n/a' if mfu is None else f'{100 * mfu:.2f}%'} · peak RSS "
-            f"{fmt_bytes(summary.get('peak_memory_bytes'))} → {out}")
+            f"{mib_text(summary.get('peak_memory_bytes'))} → {out}")
 
 
 def show_table(record) -> str:
@@ -77,7 +45,7 @@ def show_table(record) -> str:
 
 
 def cmd_train(args) -> int:
-    cfg = load_config(args.config, args.set)
+    cfg = config_mod.absolute_paths(load_config(args.config, args.set))  # the record rereads the same files
     return _run(cfg, args.out, args.progress)
 
 
@@ -94,7 +62,7 @@ def _run(cfg, out, progress) -> int:
     if cfg.parallel.data_parallel > 1:
         return _run_msrun(cfg, out, progress)
     from helpers.run.train import Trainer
-    trainer = Trainer(cfg, out, _progress(progress))  # an unusable --out fails here, before any record
+    trainer = Trainer(cfg, out, progress_sink(progress))  # an unusable --out fails here, before any record
     try:
         outcome = trainer.run()
     except Exception as exc:
@@ -121,7 +89,7 @@ def _left_behind(out) -> str:
 def _run_msrun(cfg, out, progress) -> int:
     """Data parallel: msrun starts the ranks; the merged record is read back like a one-process run's."""
     from helpers.spawn.msrun import train_data_parallel
-    code = train_data_parallel(cfg, out, _progress(progress))
+    code = train_data_parallel(cfg, out, progress_sink(progress))
     try:
         record = load_run(out)
     except RecordError:
@@ -198,7 +166,6 @@ def cmd_autotune(args) -> int:
     return 0
 
 
-PROGRESS_CHOICES = ["bar", "json", "log", "none"]
 
 
 def add_config_arguments(p: argparse.ArgumentParser, what: str = "YAML config") -> None:
@@ -209,7 +176,7 @@ def add_config_arguments(p: argparse.ArgumentParser, what: str = "YAML config") 
 
 def add_progress_argument(p: argparse.ArgumentParser, default: str) -> None:
     """--progress bar|json|log|none."""
-    p.add_argument("--progress", choices=PROGRESS_CHOICES, default=default)
+    p.add_argument("--progress", choices=PROGRESS_KINDS, default=default)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -14,6 +14,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
+from helpers.paths import absolute
+
 
 class ConfigError(ValueError):
     """A bad configuration value; the message is one actionable line."""
@@ -411,3 +413,20 @@ def with_changes(cfg: Config, changes: dict[str, Any]) -> Config:
 def dump(cfg: Config) -> str:
     """YAML text of the full config."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def absolute_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
+    """cfg with every file path in it made absolute against `base` (default: the working directory), so the
+    config means the same in a training child (which runs in the repository) and when a record is reread.
+
+    Corpus items that name an existing file or folder under `base` become absolute; registry names stay.
+    """
+    corpus = [str(absolute(c, base)) if absolute(c, base).exists() else c for c in cfg.data.corpus]
+    changes = {"data.corpus": corpus}
+    for key in ("compile_cache_path", "resume_from"):
+        value = getattr(cfg, key)
+        if value:
+            changes[key] = str(absolute(value, base))
+    flat = flatten(cfg)
+    changes = {k: v for k, v in changes.items() if flat[k] != v}
+    return with_changes(cfg, changes) if changes else cfg

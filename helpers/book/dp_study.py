@@ -5,18 +5,17 @@ Every figure comes from the run records (real runs) or from `planner` (arithmeti
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from helpers.config import Config, from_dict, with_changes
-from helpers.paths import REPO_ROOT
+from helpers.paths import absolute
 from helpers.book.planner import GB, MODELS, Strategy, eight_by_40gb, estimate, plan_rows, recommend, shape_of
 from helpers.record import RunRecord
 from helpers.spawn.runner import launch
+from helpers.units import MIB
 
-MIB = 2**20
 FUSIONS = {"dp2 unfused": {"parallel.comm_fusion": "none"},
            "dp2 fused by size": {"parallel.comm_fusion": "size"},
            "dp2 fused by index": {"parallel.comm_fusion": "index", "parallel.fusion_indices": [5, 10]}}
@@ -36,8 +35,8 @@ def dp_configs(preset: str, steps: int, corpus: str, batch_size: int, device_tar
 
 
 def run_all(configs: dict[str, Config], runs_dir: str | os.PathLike) -> dict[str, RunRecord]:
-    """Train every config in its own folder under runs_dir (relative: to the repository root) via `runner.launch`."""
-    root = Path(runs_dir) if Path(runs_dir).is_absolute() else REPO_ROOT / runs_dir
+    """Train every config in its own folder under runs_dir (relative: to the working directory) via `runner.launch`."""
+    root = absolute(runs_dir)
     return {label: launch(cfg, root / label.replace(" ", "_"), desc=label) for label, cfg in configs.items()}
 
 

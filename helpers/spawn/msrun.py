@@ -5,7 +5,6 @@ from its msrun log, waits, then merges the ranks' figures into the run record (`
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -17,7 +16,8 @@ from typing import Callable
 
 from helpers import config as config_mod
 from helpers.config import Config, ConfigError
-from helpers.paths import REPO_ROOT
+from helpers.paths import REPO_ROOT, absolute
+from helpers.run.rows import decode_row
 
 WORKER = "helpers/spawn/dp_worker.py"  # relative: msrun runs in the repository root
 LOG_DIR = "msrun_logs"
@@ -96,13 +96,8 @@ class _LogFollower:
 
 def _relay(lines: list[str], progress, total: int) -> None:
     for line in lines:
-        if not line.startswith("{"):
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if progress and "step" in row:
+        row = decode_row(line)
+        if progress and row is not None:
             progress(row, total)
 
 
@@ -113,7 +108,8 @@ def train_data_parallel(cfg: Config, run_dir: str | Path,
     The port is checked (pinned) or picked (0) before anything starts; the merged record is in run_dir.
     """
     from helpers.spawn.rankmerge import merge_ranks
-    run_dir = Path(run_dir)
+    run_dir = absolute(run_dir)  # msrun runs in the repository: paths must mean what the caller meant
+    cfg = config_mod.absolute_paths(cfg)
     _check_paths(cfg, run_dir)
     port = cfg.parallel.master_port
     if port:

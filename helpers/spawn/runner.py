@@ -5,7 +5,6 @@ is measurable. The child reports progress as JSON lines on stdout; its stderr go
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,14 +13,17 @@ from pathlib import Path
 
 from helpers import config as config_mod
 from helpers.config import Config
-from helpers.paths import REPO_ROOT
+from helpers.paths import REPO_ROOT, absolute
+from helpers.run.rows import decode_row
 from helpers.record import RecordError, load_run
 
 
 def child_env() -> dict:
-    """Environment for a training child: the repo importable, MindSpore's C++ log at errors only."""
+    """Environment for a training child: the repo importable, then the caller's working directory (so a
+    `model.build` or `monitor.callbacks` module next to the user's notebook imports), MindSpore's C++ log at
+    errors only."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO_ROOT), env.get("PYTHONPATH", "")] if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO_ROOT), env.get("PYTHONPATH", ""), os.getcwd()] if p)
     env.setdefault("GLOG_v", "3")
     return env
 
@@ -32,7 +34,8 @@ def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc:
 
     progress: show a tqdm bar (a widget in Jupyter) fed by the child's per-step JSON lines.
     """
-    run_dir = Path(run_dir)
+    run_dir = absolute(run_dir)  # the child runs in the repository: hand it paths that mean what the caller meant
+    cfg = config_mod.absolute_paths(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=run_dir, prefix=".request.") as fh:
         fh.write(config_mod.dump(cfg))
@@ -63,11 +66,8 @@ def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc:
 
 
 def _show(bar, line: str) -> None:
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        return
-    if bar is None or "step" not in msg:
+    msg = decode_row(line)
+    if bar is None or msg is None:
         return
     bar.n = msg["step"]
     bar.set_postfix(loss=f"{msg['loss']:.3f}", tok_s=f"{msg['tokens_per_s']:.0f}", refresh=False)

@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 from helpers import config as config_mod
 from helpers.config import Config
+from helpers.paths import absolute
 from helpers.tune.convergence import CONVERGENCE_VARIABLES, OBJECTIVES, judge_convergence
 from helpers.tune.ledger import Ledger, RoundError, WorkbookLock
 from helpers.record import (SUMMARY_FILE, RecordError, RunRecord, atomic_write_json, atomic_write_text, load_run,
@@ -130,8 +131,10 @@ class Workbook:
 
         repeats: runs per config (≥ 2: one run cannot measure run-to-run noise); loss_gate: allowed relative
         loss drift at equal tokens (0.02 = 2%); memory_limit_bytes: peak RSS limit (default 90% of RAM).
+        A relative `path`, and relative file paths in `cfg`, mean what they mean in the caller's working directory.
         """
-        path = Path(path)
+        path = absolute(path)
+        cfg = config_mod.absolute_paths(cfg)
         if not isinstance(repeats, int) or repeats < 2:
             raise RoundError(f"repeats={repeats!r} cannot measure run-to-run noise; use repeats=2 or more")
         if not 0 < loss_gate < 1:
@@ -169,7 +172,7 @@ class Workbook:
     @classmethod
     def open(cls, path) -> "Workbook":
         """An existing workbook; RoundError (one line) for a missing, foreign or unreadable folder."""
-        path = Path(path)
+        path = absolute(path)
         if not path.is_dir():
             raise RoundError(f"workbook folder {str(path)!r} does not exist; create it with "
                              f"Workbook.create(path, cfg)")

@@ -161,3 +161,25 @@ def test_workbook_runs_every_notebook_into_a_report(tmp_path, small_corpus):
     demo = Workbook.open(out / "workbook" / "studies" / "data_pipeline")
     waits = [r.summary["data_wait_share"] for r in load_runs(demo.rounds()[0].reference_runs)]
     assert min(waits) > 0.05, f"the slow-storage demo baseline is not data-bound: data_wait_share {waits}"
+
+
+@pytest.mark.slow
+def test_every_notebook_runs_from_its_folder_with_its_own_defaults(tmp_path):
+    """As a user opens them: cwd = the notebooks' folder, every default as written (relative folders included);
+    only the model preset and step count are made small (issue 14.1: 12 of 14 notebooks failed like this)."""
+    import papermill as pm
+    books = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOKS_DIR, books, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    failed = {}
+    for path in discover(books):
+        declared = notebook_parameters(path)
+        params = {k: v for k, v in {"preset": "tiny", "steps": 12}.items() if k in declared}
+        try:
+            pm.execute_notebook(str(path), str(tmp_path / f"out_{path.name}"), parameters=params,
+                                cwd=str(books), progress_bar=False, kernel_name="python3")
+        except Exception as exc:  # every notebook is tried; all failures are reported together
+            failed[path.stem] = str(exc).strip().splitlines()[-1][:300]
+    assert failed == {}
+    # The default folders are relative to the notebooks: the workbook and the DP runs sit next to them.
+    assert (tmp_path / "workbooks" / "default" / "workbook.json").is_file()
+    assert (tmp_path / "runs" / "10_data_parallel").is_dir()
