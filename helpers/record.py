@@ -50,11 +50,13 @@ def write_failure(path: str | os.PathLike, exc: BaseException) -> RecordError:
     """A one-line RecordError for a write the disk refused (full, read-only, over a size limit), naming the fix."""
     why = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
     fix = _WRITE_FIXES.get(getattr(exc, "errno", None), "check the disk")
-    return RecordError(f"cannot write {str(path)!r} ({why}); {fix} or choose another --out folder")
+    error = RecordError(f"cannot write {str(path)!r} ({why}); {fix} or choose another --out folder")
+    error.strerror = why  # callers that word their own message (the corpus cache) reuse the reason
+    return error
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write text to path via a temp file in the same folder + os.replace (never a half file).
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write data to path via a temp file in the same folder + fsync + os.replace (never a half file).
 
     A write the disk refuses raises `write_failure`'s RecordError; the previous file stays whole.
     """
@@ -64,8 +66,8 @@ def atomic_write_text(path: Path, text: str) -> None:
     except OSError as exc:
         raise write_failure(path, exc) from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; records are meant to be shared
@@ -76,6 +78,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """UTF-8 text via `atomic_write_bytes` (newlines written as given)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _json_safe(value: Any) -> Any:

@@ -15,8 +15,8 @@ import pandas as pd
 
 from helpers.record import RunRecord, median_summary
 from helpers.tune.rounds import load_runs
+from helpers.units import MIB
 
-MIB = 2 ** 20
 
 
 def _num(value: Any, scale: float = 1.0, digits: int = 1):

@@ -21,6 +21,7 @@ import numpy as np
 
 from helpers.config import Config
 from helpers.paths import DATA_CACHE
+from helpers.record import RecordError, atomic_write_bytes, atomic_write_text
 
 CACHE_ENV = "WORKBOOK_DATA_CACHE"
 
@@ -142,18 +143,13 @@ def _fetch_member(entry: dict, target: Path) -> bytes:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temp file + rename so a crash never leaves a half-written cache file."""
+    """The corpus cache file, written whole (`record.atomic_write_bytes`) or not at all."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # A per-process name (not mkstemp, which makes the file owner-only) in the same folder as the target.
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-        try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-    except OSError as exc:
-        raise DataError(f"cannot write the corpus cache {str(path.parent)!r} ({exc.strerror}); "
+        atomic_write_bytes(path, data)
+    except (OSError, RecordError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise DataError(f"cannot write the corpus cache {str(path.parent)!r} ({why}); "
                         f"set {CACHE_ENV} to a writable folder") from None
 
 
@@ -187,7 +183,7 @@ class Tokenizer:
     def save(self, path: Path) -> None:
         """Write the tokenizer as one JSON file."""
         state = {"kind": self.kind, "vocab_size": self.vocab_size, **self._state()}
-        Path(path).write_text(json.dumps(state, ensure_ascii=False), encoding="utf-8")
+        atomic_write_text(Path(path), json.dumps(state, ensure_ascii=False))
 
     @classmethod
     def load(cls, path: Path) -> Tokenizer:

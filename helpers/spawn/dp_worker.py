@@ -9,7 +9,6 @@ peak RSS, profiled collective time) for `rankmerge` to merge after msrun returns
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ from helpers.run.data import train_dataset
 from helpers.run.metrics import peak_rss_bytes
 from helpers.run.profile import comm_per_step, load_profile
 from helpers.record import RecordError, atomic_write_json
+from helpers.run.rows import fan_out, progress_sink
 from helpers.run.train import Trainer
 
 
@@ -82,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = with_changes(cfg, {"monitor.profile_steps": window})
     rows: list[dict] = []
 
-    def progress(row: dict, total: int) -> None:
+    def keep(row: dict, total: int) -> None:
         rows.append({k: row[k] for k in ("step", "step_time_ms", "data_wait_ms", "loss", "grad_norm")})
-        if rank == 0:
-            print(json.dumps({k: row[k] for k in ("step", "loss", "tokens_per_s", "step_time_ms")}), flush=True)
+
+    progress = fan_out(keep, progress_sink("json") if rank == 0 else None)  # rank 0's lines reach msrun's log
 
     t0 = time.time()
     trainer = RankTrainer(cfg, run_dir, rank, size, progress)

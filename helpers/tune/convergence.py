@@ -15,7 +15,8 @@ from typing import Sequence
 import numpy as np
 
 from helpers.record import RunRecord
-from helpers.tune.rules import Verdict, _mib, t975
+from helpers.tune.rules import Verdict, t975
+from helpers.units import mib_text
 
 # Variables that change what a model learns per token rather than how fast a step runs: a speed round on them
 # measures tokens/s, which they do not move, so `Workbook.run_round` warns and points to objective="convergence".
@@ -29,7 +30,7 @@ def convergence_rule_text(memory_limit_bytes: int) -> str:
     return ("keep only if the candidate's mean validation loss at equal tokens (the largest token count every "
             "run evaluated at; eval points interpolated on cumulative tokens) is below the reference's by more "
             "than the seed band (95% Student-t half-width of the pooled seed-to-seed spread of both arms), and "
-            f"peak memory ≤ {_mib(memory_limit_bytes)}; above by more than the band → reject; otherwise → no "
+            f"peak memory ≤ {mib_text(memory_limit_bytes)}; above by more than the band → reject; otherwise → no "
             "change; a run that did not finish → failed. Time to target (wall seconds of training steps until "
             "validation loss ≤ the level every reference seed reached) is reported, not judged")
 
@@ -172,7 +173,7 @@ def judge_convergence(reference: Sequence[RunRecord], candidate: Sequence[RunRec
     reason = (f"val loss at {f.tokens:,.0f} tokens {ref_mean:.4f} → {cand_mean:.4f} ({f.delta:+.4f}) {where} seed "
               f"band ±{f.band:.4f} ({len(f.reference_losses)}+{len(f.candidate_losses)} seeds); time to val loss "
               f"{f.target:.4f}: {_times_text(f.reference_times)} → {_times_text(f.candidate_times)}; tokens/s "
-              f"{speedup - 1:+.1%}; peak RSS {memory_ratio:.2f}× ({_mib(peak)} {'>' if over_memory else '≤'} limit"
-              f" {_mib(memory_limit_bytes)}) → {decision}" + (" (over the memory limit)" if over_memory else ""))
+              f"{speedup - 1:+.1%}; peak RSS {memory_ratio:.2f}× ({mib_text(peak)} {'>' if over_memory else '≤'} limit"
+              f" {mib_text(memory_limit_bytes)}) → {decision}" + (" (over the memory limit)" if over_memory else ""))
     return Verdict(decision, reason, speedup, f.band, f.delta / ref_mean, memory_ratio,
                    convergence_rule_text(memory_limit_bytes))

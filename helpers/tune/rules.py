@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from helpers.record import RunRecord
+from helpers.units import mib_text
 
 # Two repeats on a quiet machine differ by about ±2% (72–75 ms/step in mindspore-cpu-facts.md), so a smaller
 # gain is not resolvable with the default repeats however steady the measured spread happens to look.
@@ -44,15 +45,11 @@ class Verdict:
                                                "memory_ratio", "rule")})
 
 
-def _mib(n: float) -> str:
-    return f"{n / 2**20:,.0f} MiB"
-
-
 def rule_text(loss_gate: float, memory_limit_bytes: int) -> str:
     """The rule with its thresholds, as printed in every verdict."""
     return (f"keep only if the median tokens/s gain exceeds the measured noise band (floor ±{NOISE_FLOOR:.0%}), "
             f"the mean training loss at equal tokens is at most {loss_gate:.1%} worse than the reference "
-            f"(widened to the baseline repeats' spread when larger), and peak memory ≤ {_mib(memory_limit_bytes)};"
+            f"(widened to the baseline repeats' spread when larger), and peak memory ≤ {mib_text(memory_limit_bytes)};"
             f" slower beyond the band → reject; otherwise → no change; a run that did not finish → failed")
 
 
@@ -204,8 +201,8 @@ def judge(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], baseli
         verdict = "reject"
     loss_part = (f"loss drift {drift:+.1%} {'beyond' if worse_loss else 'within'} gate {gate:.1%}"
                  + (" (lower loss allowed)" if drift < -gate else ""))
-    memory_part = (f"peak RSS {memory_ratio:.2f}× ({_mib(peak)} {'>' if over_memory else '≤'} limit "
-                   f"{_mib(memory_limit_bytes)})")
+    memory_part = (f"peak RSS {memory_ratio:.2f}× ({mib_text(peak)} {'>' if over_memory else '≤'} limit "
+                   f"{mib_text(memory_limit_bytes)})")
     why = [w for w, hit in (("over the memory limit", over_memory), ("loss worse at equal tokens", worse_loss))
            if hit]
     reason = (f"tokens/s {gain:+.1%} ({ref_tps:,.0f} → {cand_tps:,.0f}) {speed} noise band "
