@@ -115,7 +115,9 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
-    batch_size: int = _knob(12, "micro-batch size in sequences", ge=1)
+    batch_size: int = _knob(12, "sequences per forward/backward pass, over all data-parallel ranks (each rank's "
+                                "micro-batch is batch_size / parallel.data_parallel; the global batch per "
+                                "optimizer step is batch_size × grad_accum_steps)", ge=1)
     grad_accum_steps: int = _knob(1, "micro-batches accumulated per optimizer step", ge=1)
     steps: int = _knob(300, "optimizer steps", ge=1)
     lr: float = _knob(1e-3, "peak learning rate", gt=0.0, le=1e4)
@@ -430,3 +432,13 @@ def absolute_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config
     flat = flatten(cfg)
     changes = {k: v for k, v in changes.items() if flat[k] != v}
     return with_changes(cfg, changes) if changes else cfg
+
+
+def global_batch(cfg: Config) -> int:
+    """Sequences per optimizer step over every rank and accumulated micro-batch (batch_size × grad_accum_steps)."""
+    return cfg.batch_size * cfg.grad_accum_steps
+
+
+def micro_batch_per_device(cfg: Config) -> int:
+    """Sequences one process computes per forward/backward pass (batch_size / parallel.data_parallel)."""
+    return cfg.batch_size // cfg.parallel.data_parallel

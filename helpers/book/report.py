@@ -16,6 +16,7 @@ import pandas as pd
 from helpers.record import RunRecord, median_summary
 from helpers.tune.rounds import load_runs
 from helpers.units import MIB
+from helpers.config import global_batch, micro_batch_per_device
 
 
 
@@ -35,8 +36,8 @@ def run_row(record: RunRecord) -> dict[str, Any]:
         "status": s.get("status"),
         "params (M)": _num(s.get("n_params"), 1e-6, 3),
         "data parallel": dp,
-        "batch/device": cfg.batch_size * cfg.grad_accum_steps,
-        "micro-batch": cfg.batch_size,
+        "global batch": global_batch(cfg),
+        "micro-batch/device": micro_batch_per_device(cfg),
         "step (ms)": _num(s.get("step_time_ms")),
         "tokens/s": _num(s.get("tokens_per_s"), digits=0),
         "MFU (%)": _num(s.get("mfu"), 100.0, 2),

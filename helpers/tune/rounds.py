@@ -549,7 +549,8 @@ class Workbook:
         rows = [
             ("model params", "parameters", pair(lambda c, r: median_summary(r, "n_params"))),
             ("data parallel", "processes", pair(lambda c, r: c.parallel.data_parallel)),
-            ("batch per device", "sequences", pair(lambda c, r: c.batch_size)),
+            ("global batch", "sequences", pair(lambda c, r: config_mod.global_batch(c))),
+            ("micro-batch per device", "sequences", pair(lambda c, r: config_mod.micro_batch_per_device(c))),
             ("gradient accumulation", "micro-batches", pair(lambda c, r: c.grad_accum_steps)),
             ("step time", "ms", pair(lambda c, r: median_summary(r, "step_time_ms"))),
             ("throughput", "tokens/s", pair(lambda c, r: median_summary(r, "tokens_per_s"))),
