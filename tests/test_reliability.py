@@ -69,3 +69,15 @@ def test_bad_corpus_fails_before_training_with_one_line(tmp_path, content, words
         assert word in lines[0]
     record = load_run(tmp_path / "run")
     assert record.status == "failed" and record.metrics == []
+
+
+def test_resume_of_a_finished_run_refuses_and_changes_nothing(tmp_path, small_corpus):
+    run = tmp_path / "run"
+    assert run_cli("train", *tiny_args(small_corpus, 6), "--out", str(run), "--progress", "none").returncode == 0
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    proc = run_cli("resume", str(run), "--progress", "none")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is finished" in lines[0] and "N > 6" in lines[0], proc.stderr
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert load_run(run).status == "ok"

@@ -81,6 +81,19 @@ def _resume_source(resume_from: str) -> tuple[Path, Path]:
     return src, ckpts[-1]
 
 
+def check_resumable(cfg: Config) -> None:
+    """Refuse, before anything is written, a resume whose checkpoint is already at or past `steps`: training would
+    get zero batches and rewrite a finished record as failed."""
+    if not cfg.resume_from:
+        return
+    src, ckpt = _resume_source(cfg.resume_from)
+    done = checkpoint_step(ckpt)
+    if done >= cfg.steps:
+        raise ConfigError(f"run {str(src)!r} is finished: its last checkpoint is step {done} of steps={cfg.steps}, "
+                          f"so there is nothing to resume (the record is unchanged); to train further pass "
+                          f"--steps N (or steps=N) with N > {done}")
+
+
 def _nan_reason(step: int, last_good: int, lr: float, scale: float, what: str, cfg: Config) -> str:
     cause = "fp16 overflow" if cfg.amp_level != "O0" else "learning rate too high or a bad batch"
     return (f"{what} became non-finite at step {step} (last good step {last_good}, lr {lr:.3g}, loss scale "
@@ -235,6 +248,7 @@ class Trainer:
         base = {"status": "running", "status_reason": "", "pid": os.getpid(),
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         if cfg.resume_from:
+            check_resumable(cfg)
             self.writer.rows = self._previous_rows()
             base["resumed_from"] = str(_resume_source(cfg.resume_from)[1])
         self.writer.start(config_mod.dump(cfg), environment(cfg.device_target, cfg.threads), base)
