@@ -59,6 +59,13 @@ class _Update(nn.Cell):
             self.scaler = amp.DynamicLossScaler(scale_value, 2, scale_window)
         else:
             self.scaler = amp.StaticLossScaler(scale_value if loss_scale == "static" else 1.0)
+        # amp's scalers are not Cells, so their Parameters (the scale, the finite-step counter) were invisible to
+        # get_parameters() and so to checkpoints: a resumed run restarted its scale. As attributes they are state.
+        self.scaler.scale_value.name = "loss_scale"
+        self.loss_scale = self.scaler.scale_value
+        if self.dynamic:
+            self.scaler.counter.name = "loss_scale_counter"
+            self.loss_scale_counter = self.scaler.counter
         self.addn = ops.AddN()
         self.sqrt = ops.Sqrt()
         self.reducer = _grad_reducer(optimizer.parameters)

@@ -109,3 +109,21 @@ def test_users_own_network_from_import_path(tmp_path, small_corpus, monkeypatch)
                    "--out", str(tmp_path / "u"), "--progress", "none")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert load_run(tmp_path / "u").summary["n_params"] < 20000
+
+
+def test_checkpoint_holds_the_dynamic_loss_scale_and_resume_continues_it(tmp_path, small_corpus):
+    import mindspore as ms
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    # fp16 with a scale that doubles every 2 finite steps: by step 6 it has moved away from its initial 4
+    args = tiny_args(small_corpus, 10, "amp_level=O2", "loss_scale=dynamic", "loss_scale_value=4",
+                     "loss_scale_window=2", "checkpoint_every=6", "keep_checkpoints=3")
+    assert run_cli("train", *args, "--out", str(full), "--progress", "none").returncode == 0
+    rows = load_run(full).metrics
+    saved = ms.load_checkpoint(str(full / "checkpoints" / "step_000006.ckpt"))
+    assert {"loss_scale", "loss_scale_counter"} <= set(saved), sorted(saved)
+    assert float(saved["loss_scale"].asnumpy()) == rows[5]["loss_scale"] > 4
+    ckpt = full / "checkpoints" / "step_000006.ckpt"
+    proc = run_cli("train", *args, "--set", f"resume_from={ckpt}", "--out", str(resumed), "--progress", "none")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    again = load_run(resumed).metrics
+    assert [r["loss_scale"] for r in again[6:]] == [r["loss_scale"] for r in rows[6:]]
