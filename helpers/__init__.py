@@ -18,7 +18,7 @@ import importlib
 _HOMES = {
     "helpers.config": ("Config", "ConfigError", "load_config", "from_dict", "with_changes"),
     "helpers.record": ("RunRecord", "RecordError", "load_run", "median_summary"),
-    "helpers.run.env": ("environment", "peak_flops"),
+    "helpers.run.env": ("environment", "peak_flops", "peak_flops_info"),
     "helpers.run.profile": ("load_profile",),
     "helpers.spawn.runner": ("launch", "profile_run"),
     "helpers.tune.rounds": ("Workbook", "RoundError", "load_runs"),

@@ -33,7 +33,8 @@ def show_table(record) -> str:
     rows = [("run", str(record.path)), ("status", s.get("status")), ("reason", s.get("status_reason") or "")]
     rows += [(k, s.get(k)) for k in ("steps", "tokens_per_s", "step_time_ms", "step_time_ms_p10",
                                      "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share",
-                                     "peak_memory_bytes", "mfu", "peak_flops", "loss_first", "loss_last",
+                                     "peak_memory_bytes", "mfu", "peak_flops", "peak_flops_measured_at",
+                                     "peak_flops_load_avg", "peak_flops_source", "loss_first", "loss_last",
                                      "val_loss", "val_ppl", "grad_norm_max", "comm_share", "n_params")]
     width = max(len(k) for k, _ in rows)
     lines = []

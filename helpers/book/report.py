@@ -242,14 +242,20 @@ def comparison_html(workbook_dir: str | os.PathLike, failed_notebooks: dict[str,
 
 # ------------------------------------------------------------------------------------- environment
 
-def environment_table(env: dict, peak_flops: float | None) -> pd.DataFrame:
-    """What the runs run on: versions, device, threads, cores, memory source, measured matmul peak."""
+def environment_table(env: dict, peak: dict | float | None) -> pd.DataFrame:
+    """What the runs run on: versions, device, threads, cores, memory source, measured matmul peak.
+
+    peak: `env.peak_flops_info`'s dict (FLOP/s, when and at what load it was measured, cached or new) or FLOP/s."""
+    info = peak if isinstance(peak, dict) else {"flops": peak}
     rows = [("python", env.get("python")), *[(name, ver) for name, ver in env.get("packages", {}).items()],
             ("platform", env.get("platform")), ("cpu", env.get("cpu_model")), ("cores", env.get("cpu_count")),
             ("memory (GiB)", _num(env.get("memory_total_bytes"), 1 / 2 ** 30, 1)),
             ("device", env.get("device_target")), ("op threads", env.get("threads")),
             ("memory source", env.get("memory_source")), ("git commit", env.get("git_commit")),
-            ("peak matmul (GFLOP/s, measured)", _num(peak_flops, 1e-9, 1))]
+            ("peak matmul (GFLOP/s, measured)", _num(info.get("flops"), 1e-9, 1)),
+            *[(what, info[key]) for what, key in (("peak measured at", "measured_at"),
+                                                  ("1-min load average while measured", "load_avg_1m"),
+                                                  ("peak source", "source")) if key in info]]
     return pd.DataFrame(rows, columns=["what", "value"]).set_index("what")
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from helpers import config as config_mod
 from helpers.config import Config, ConfigError
 from helpers.paths import DATA_CACHE
-from helpers.run.env import environment, peak_flops
+from helpers.run.env import environment, peak_flops_info, peak_summary
 from helpers.run.hooks import RunHooks
 from helpers.run.precision import apply_precision
 from helpers.run.metrics import Ema, rss_bytes, summarize
@@ -255,7 +255,10 @@ class Trainer:
         try:
             self._data()
             self._configure()
-            peak = peak_flops(cfg.device_target, "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype, cfg.threads)
+            peak_info = peak_flops_info(cfg.device_target, "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype,
+                                        cfg.threads)
+            self.extra_summary.update(peak_summary(peak_info))  # which peak the MFU used: when, at what load
+            peak = peak_info["flops"]
             self._build()
             start = self._restore() + 1 if cfg.resume_from else 1
             outcome = self._loop(start)
