@@ -35,7 +35,7 @@ def show_table(record) -> str:
                                      "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share",
                                      "peak_memory_bytes", "mfu", "peak_flops", "peak_flops_measured_at",
                                      "peak_flops_load_avg", "peak_flops_source", "loss_first", "loss_last",
-                                     "val_loss", "val_ppl", "grad_norm_max", "comm_share", "n_params")]
+                                     "val_loss", "val_ppl", "grad_norm_max", "comm_step_share", "n_params")]
     width = max(len(k) for k, _ in rows)
     lines = []
     for key, value in rows:
@@ -137,8 +137,9 @@ def cmd_profile(args) -> int:
     report = load_profile(args.out)
     print(f"profiled steps {report.window[0]}-{report.window[1]} · raw output {args.out}/{report.raw_dir}")
     print(report.table_text(args.top))
+    comm = report.comm_op_share
     print(f"op time {report.op_time_ms_per_step:.2f} ms/step · data-pipeline share {report.data_wait_share:.1%} "
-          f"· communication share {report.comm_share if isinstance(report.comm_share, str) else f'{report.comm_share:.1%}'}")
+          f"of step time · communication ops {comm if isinstance(comm, str) else f'{comm:.1%} of op time'}")
     print(report.overhead_text())
     return code
 

@@ -34,7 +34,13 @@ RECORD_VERSION = 2
 SUMMARY_KEYS = ["record_version", "status", "status_reason", "steps", "tokens_per_s", "step_time_ms", "step_time_ms_p10",
                 "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share", "peak_memory_bytes",
                 "mfu", "peak_flops", "loss_first", "loss_last", "val_loss", "val_ppl", "grad_norm_max",
-                "comm_share"]
+                "comm_step_share"]
+# Keys renamed since version 1 (old → new): one name per quantity.
+RENAMED_KEYS = (("verdict", "bottleneck"), ("verdict_evidence", "bottleneck_evidence"),
+                # comm time ÷ merged step time (rankmerge); 0.0 for one process
+                ("comm_share", "comm_step_share"),
+                # comm ops' time ÷ all op time in the profiler window (profile.py)
+                ("profile_comm_share", "profile_comm_op_share"))
 
 
 class RecordError(ValueError):
@@ -170,7 +176,7 @@ def upgrade_summary(summary: dict) -> dict:
     if summary.get("record_version", 1) >= RECORD_VERSION:
         return summary
     out = dict(summary)
-    for old, new in (("verdict", "bottleneck"), ("verdict_evidence", "bottleneck_evidence")):
+    for old, new in RENAMED_KEYS:
         if old in out:
             out.setdefault(new, out.pop(old))
     return {**out, "record_version": RECORD_VERSION, "upgraded_from": summary.get("record_version", 1)}

@@ -81,3 +81,27 @@ def test_a_record_written_at_7c15080_still_loads_and_shows():
     assert "12,747" in table and "tiny" not in table  # tokens/s as written then; the table shows the summary
     proc = run_cli("show", str(old))
     assert proc.returncode == 0 and "tokens_per_s" in proc.stdout, proc.stderr
+
+
+def test_each_communication_share_has_its_own_name(tmp_path):
+    """comm time ÷ step time (rankmerge) and comm ops ÷ op time (profiler) were both `comm_share`; a v1 record's
+    `comm_share` was the step-time one, and diagnose must say which share it judged."""
+    import json
+    import shutil
+
+    import yaml
+
+    from helpers.tune.diagnose import diagnose
+    run = tmp_path / "dp"
+    shutil.copytree(Path(__file__).parent / "data" / "record_7c15080", run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["parallel"]["data_parallel"] = 2  # as a data-parallel run of that version recorded it
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "comm_share": 0.5}))
+    record = load_run(run)
+    assert record.summary["comm_step_share"] == 0.5 and "comm_share" not in record.summary
+    d = diagnose(record)
+    assert d.bottleneck == "communication-bound"
+    assert d.reasons == ["communication takes 50% of step time (≥ 20%)"]
+    assert d.evidence["comm_step_share"] == 0.5 and "comm_share" not in d.evidence

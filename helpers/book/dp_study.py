@@ -50,7 +50,7 @@ def comm_table(records: dict[str, RunRecord]) -> pd.DataFrame:
                      "step (ms, slowest rank)": s.get("step_time_ms"), "tokens/s": s.get("tokens_per_s"),
                      "all-reduce calls/step": s.get("allreduce_calls_per_step"),
                      "all-reduce ms/step": s.get("comm_ms_per_step"),
-                     "comm share (%)": None if s.get("comm_share") is None else 100 * s["comm_share"],
+                     "comm (% of step)": None if s.get("comm_step_share") is None else 100 * s["comm_step_share"],
                      "per-rank step (ms)": s.get("rank_step_time_ms"),
                      "peak RSS per rank (MiB)": (s.get("peak_memory_bytes") or 0) / MIB,
                      "loss last": s.get("loss_last"), "val loss": s.get("val_loss")})

@@ -43,7 +43,7 @@ def run_row(record: RunRecord) -> dict[str, Any]:
         "MFU (%)": _num(s.get("mfu"), 100.0, 2),
         "peak RSS (MiB)": _num(s.get("peak_memory_bytes"), 1 / MIB, 0),
         "data wait (%)": _num(s.get("data_wait_share"), 100.0, 2),
-        "comm share (%)": s.get("comm_share") if dp > 1 else "n/a (single process)",
+        "comm (% of step)": _num(s.get("comm_step_share"), 100.0, 2) if dp > 1 else "n/a (single process)",
         "compile (s)": _num(s.get("compile_s"), digits=2),
         f"loss after {s.get('steps')}": _num(s.get("loss_last"), digits=3),
         "val loss": _num(s.get("val_loss"), digits=3),

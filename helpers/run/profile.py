@@ -107,7 +107,7 @@ class ProfileReport:
     overhead_pct: float | None
     overhead_note: str
     data_wait_share: float | None
-    comm_share: float | str
+    comm_op_share: float | str  # communication ops' time ÷ all op time in the window (not of step time)
     comm_ops: list[str]
     profiler_step_call_ms: float | None
     export_s: float | None
@@ -181,7 +181,7 @@ def analyse(run_dir: Path, rows: list[dict], cfg: Config, window: ProfileWindow 
     wait = sum(r["data_wait_ms"] or 0.0 for r in in_window)
     busy = sum(r["step_time_ms"] for r in in_window)
     comm = [op for op in ops if COMM_OP.match(op["name"])]
-    comm_share: float | str = (sum(op["share"] for op in comm) if comm else
+    comm_op_share: float | str = (sum(op["share"] for op in comm) if comm else
                                "not applicable: single process, no communication operators recorded"
                                if cfg.parallel.data_parallel == 1 else
                                "no communication operators recorded on this rank")
@@ -191,7 +191,7 @@ def analyse(run_dir: Path, rows: list[dict], cfg: Config, window: ProfileWindow 
         trace_file=str(trace.relative_to(run_dir)) if trace else None,
         op_time_ms_per_step=sum(op["ms_per_step"] for op in ops), window_step_ms=win_ms, baseline_step_ms=base_ms,
         baseline_steps=len(baseline), overhead_pct=overhead, overhead_note=note,
-        data_wait_share=wait / busy if busy else None, comm_share=comm_share, comm_ops=[op["name"] for op in comm],
+        data_wait_share=wait / busy if busy else None, comm_op_share=comm_op_share, comm_ops=[op["name"] for op in comm],
         profiler_step_call_ms=_median(window.step_call_ms) if window else None,
         export_s=window.export_s if window else None, not_produced_on_cpu=dict(NOT_ON_CPU), ops=ops)
     out = run_dir / PROFILE_DIR
@@ -211,6 +211,8 @@ def load_profile(run_dir) -> ProfileReport:
                           f"or train with monitor.profile_steps > 0")
     data = json.loads((out / PROFILE_JSON).read_text(encoding="utf-8"))
     data.pop("top_ops", None)
+    if "comm_share" in data:  # profile.json written before the rename
+        data["comm_op_share"] = data.pop("comm_share")
     with open(out / OP_TABLE, encoding="utf-8", newline="") as fh:
         ops = [{k: (v if k == "name" else float(v)) for k, v in r.items()} for r in csv.DictReader(fh)]
     return ProfileReport(**data, ops=ops)
@@ -232,4 +234,4 @@ def summary_keys(report: ProfileReport) -> dict:
     """The few profile figures copied into summary.json."""
     top = report.ops[0] if report.ops else {}
     return {"profile_top_op": top.get("name"), "profile_top_op_share": top.get("share"),
-            "profile_overhead_pct": report.overhead_pct, "profile_comm_share": report.comm_share}
+            "profile_overhead_pct": report.overhead_pct, "profile_comm_op_share": report.comm_op_share}

@@ -283,7 +283,7 @@ class Trainer:
         summary = {**base, **stats, **self.extra_summary, "n_params": getattr(self, "n_params", None),
                    "tokens_per_step": self.cfg.batch_size * self.cfg.grad_accum_steps * self.cfg.model.seq_len,
                    # one process: no collective in the step; data-parallel runs get it measured by rankmerge
-                   "comm_share": 0.0 if self.cfg.parallel.data_parallel == 1 else None,
+                   "comm_step_share": 0.0 if self.cfg.parallel.data_parallel == 1 else None,
                    "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         summary.pop("pid", None)
         self.writer.write_summary(summary)

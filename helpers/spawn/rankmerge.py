@@ -2,7 +2,7 @@
 
 Per step: step time = the slowest rank's (the step ends when every rank has its reduced gradients);
 loss = mean of the ranks' shard losses (equal shards, so it is the global batch's loss). The summary
-gains comm_share (profiled collective time / merged step time over the same steps) and per-rank figures.
+gains comm_step_share (profiled collective time / merged step time over the same steps) and per-rank figures.
 """
 from __future__ import annotations
 
@@ -25,15 +25,15 @@ def _merge_row(base: dict, per_rank: list[dict]) -> dict:
 
 
 def _comm_summary(ranks: list[dict], rows: list[dict]) -> dict:
-    """comm_ms_per_step (mean over ranks), comm_share of the merged step time in the profiled window."""
+    """comm_ms_per_step (mean over ranks), comm_step_share: that ÷ the merged step time in the profiled window."""
     stats = [r["comm"] for r in ranks if r.get("comm")]
     if not stats:
-        return {"comm_share": None, "comm_ms_per_step": None, "allreduce_calls_per_step": None,
+        return {"comm_step_share": None, "comm_ms_per_step": None, "allreduce_calls_per_step": None,
                 "comm_source": "not measured (parallel.comm_profile_steps=0 or too few steps)"}
     first, n = stats[0]["first_step"], stats[0]["steps"]
     window = [r["step_time_ms"] for r in rows if first <= r["step"] < first + n]
     comm_ms = float(np.mean([s["comm_ms_per_step"] for s in stats]))
-    return {"comm_share": comm_ms / float(np.mean(window)),
+    return {"comm_step_share": comm_ms / float(np.mean(window)),
             "comm_ms_per_step": comm_ms,
             "allreduce_calls_per_step": float(np.mean([s["allreduce_calls_per_step"] for s in stats])),
             "comm_op_ms_per_step": float(np.mean([s["op_ms_per_step"] for s in stats])),

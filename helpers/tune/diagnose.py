@@ -25,7 +25,7 @@ class Thresholds:
     data_wait_share: float = 0.25  # share of step time blocked on the next batch
     starved_step_share: float = 0.6  # MindData's analyzer anchor: device queue empty > 60% of the time
     starved_wait_fraction: float = 0.2  # a step is "starved" if it waited ≥ this fraction of its time
-    comm_share: float = 0.2  # communication operators' share of op time
+    comm_share: float = 0.2  # communication's share: of op time when profiled, else of merged step time
     dominant_op_share: float = 0.45  # one operator type's share of op time (nano's MatMul: ~36-39%)
     memory_fraction: float = 0.85  # peak RSS / machine memory
     no_learning_drop: float = 0.02  # relative loss drop below which a run "did not learn"
@@ -90,17 +90,25 @@ def _profile_evidence(record: RunRecord) -> dict:
     except RecordError:
         return {"dominant_op": "unknown: no profile (run python -m helpers profile)"}
     top = prof.ops[0]
-    return {"dominant_op": top["name"], "dominant_op_share": top["share"], "profile_comm_share": prof.comm_share}
+    return {"dominant_op": top["name"], "dominant_op_share": top["share"], "comm_op_share": prof.comm_op_share}
 
 
-def _comm_share(record: RunRecord, ev: dict) -> float | str:
-    prof = ev.get("profile_comm_share")
-    if isinstance(prof, (int, float)):
-        return float(prof)
+def _comm_step_share(record: RunRecord) -> float | str:
+    """Collective time ÷ merged step time (rankmerge), or why there is none."""
     if record.config.parallel.data_parallel == 1:
         return "not applicable: single process"
-    value = record.summary.get("comm_share")
+    value = record.summary.get("comm_step_share")
     return float(value) if isinstance(value, (int, float)) else "not measured"
+
+
+def _comm(ev: dict) -> tuple[float | None, str]:
+    """The communication share the rule reads and what it is a share of: op time when this run was profiled
+    (its own comm ops), else the data-parallel step time."""
+    if isinstance(ev.get("comm_op_share"), (int, float)):
+        return float(ev["comm_op_share"]), "of op time"
+    if isinstance(ev.get("comm_step_share"), (int, float)):
+        return float(ev["comm_step_share"]), "of step time"
+    return None, ""
 
 
 def _memory_evidence(record: RunRecord, rows: list[dict]) -> dict:
@@ -152,8 +160,7 @@ def diagnose(record: RunRecord, thresholds: Thresholds | None = None) -> Diagnos
     alarm_kinds = sorted({a["kind"] for a in alarms})
     checks = _checks(record, th)
     ev = {**_data_evidence(rows, th), **_profile_evidence(record), **_memory_evidence(record, rows)}
-    ev["comm_share"] = _comm_share(record, ev)
-    ev.pop("profile_comm_share", None)
+    ev["comm_step_share"] = _comm_step_share(record)
     ev["steady_steps"] = len(rows)
     reasons: list[str] = []
     frac, slope = ev["peak_memory_fraction"], ev["rss_slope_bytes_per_step"]
@@ -164,9 +171,9 @@ def diagnose(record: RunRecord, thresholds: Thresholds | None = None) -> Diagnos
     if "failed_oom" in checks:
         reasons.append("the run failed out of memory")
     bottleneck = "memory-bound" if reasons else ""
-    comm = ev["comm_share"]
-    if not bottleneck and isinstance(comm, float) and comm >= th.comm_share:
-        bottleneck, reasons = "communication-bound", [f"communication ops take {comm:.0%} of op time "
+    comm, of_what = _comm(ev)
+    if not bottleneck and comm is not None and comm >= th.comm_share:
+        bottleneck, reasons = "communication-bound", [f"communication takes {comm:.0%} {of_what} "
                                                    f"(≥ {th.comm_share:.0%})"]
     share, starved = ev["data_wait_share"], ev["starved_step_share"]
     if not bottleneck and share is not None and (share >= th.data_wait_share or starved >= th.starved_step_share):
@@ -184,7 +191,7 @@ def diagnose(record: RunRecord, thresholds: Thresholds | None = None) -> Diagnos
     if not bottleneck:
         bottleneck = "balanced"
         reasons = [f"no limit crossed: data_wait_share {_fmt(share)}, top op share {_fmt(dom)}, "
-                   f"comm share {_fmt(comm)}, peak memory fraction {_fmt(frac)}"]
+                   f"comm share {'n/a' if comm is None else f'{_fmt(comm)} {of_what}'}, peak memory fraction {_fmt(frac)}"]
     findings = [bottleneck, *alarm_kinds, *checks]
     return Diagnosis(bottleneck=bottleneck, reasons=reasons, evidence=ev, thresholds=asdict(th),
                      next_rounds=_next_rounds(bottleneck, ev, findings), findings=findings, alarms=alarms,

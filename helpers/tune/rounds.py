@@ -556,13 +556,13 @@ class Workbook:
             ("throughput", "tokens/s", pair(lambda c, r: median_summary(r, "tokens_per_s"))),
             ("MFU", "fraction", pair(lambda c, r: median_summary(r, "mfu"))),
             ("peak memory", "bytes", pair(lambda c, r: median_summary(r, "peak_memory_bytes"))),
-            ("comm share", "fraction", pair(lambda c, r: median_summary(r, "comm_share"))),
+            ("comm share of step time", "fraction", pair(lambda c, r: median_summary(r, "comm_step_share"))),
             (f"loss after {steps} steps", "nats/token", pair(lambda c, r: median_summary(r, "loss_last"))),
             ("val loss", "nats/token", pair(lambda c, r: median_summary(r, "val_loss"))),
         ]
         return [{"metric": metric, "unit": unit, "baseline": a, "best": b,
                  "ratio": (b / a if a not in (None, 0) and b is not None else None)}
-                for metric, unit, (a, b) in rows if not (metric == "comm share" and a is None and b is None)]
+                for metric, unit, (a, b) in rows if not (metric.startswith("comm share") and a is None and b is None)]
 
     def __repr__(self) -> str:
         return f"Workbook({str(self.path)!r}, repeats={self.repeats})"

@@ -27,12 +27,13 @@ def test_profile_cli_writes_op_table_shares_and_overhead(tmp_path, small_corpus)
     matmul = report.ops[names.index("MatMul")]
     assert matmul["calls_per_step"] >= 10 and matmul["avg_us"] > 0
     assert report.baseline_steps == 27 and isinstance(report.overhead_pct, float)
-    assert report.comm_share.startswith("not applicable: single process")
+    assert report.comm_op_share.startswith("not applicable: single process")
+    summary = load_run(out).summary
+    assert summary["profile_comm_op_share"] == report.comm_op_share and "comm_share" not in summary
     assert 0 <= report.data_wait_share < 0.5
     assert (out / report.trace_file).is_file()  # Chrome trace kept for a viewer
     data = json.loads((out / "profile" / "profile.json").read_text())
     assert "not produced on CPU" in data["not_produced_on_cpu"]["device_memory"]
-    summary = load_run(out).summary
     assert summary["profile_top_op"] == names[0] and summary["profile_overhead_pct"] == report.overhead_pct
     assert report.frame(top=5).shape == (5, 7)
 

@@ -104,7 +104,7 @@ def test_two_rank_msrun_run_matches_one_process_with_same_global_batch(tmp_path,
     assert np.max(np.abs(la - lb) / la) < 1e-5  # measured ~6e-7: float32 summation order only
     s = b.summary
     assert s["status"] == "ok" and s["data_parallel"] == 2 and s["ranks_merged"] == 2
-    assert s["comm_share"] > 0 and s["comm_ms_per_step"] > 0
+    assert s["comm_step_share"] > 0 and s["comm_ms_per_step"] > 0
     assert s["allreduce_calls_per_step"] == 1.0  # fused by size: one bucket for the tiny model
     assert len(s["rank_step_time_ms"]) == 2
     for rank in (0, 1):
@@ -114,7 +114,7 @@ def test_two_rank_msrun_run_matches_one_process_with_same_global_batch(tmp_path,
     slowest = {row["step"]: max(row["step_time_ms"], other["step_time_ms"]) for row, other in
                zip(load_json_rows(dp / "ranks" / "rank_0.json"), load_json_rows(dp / "ranks" / "rank_1.json"))}
     assert merged == pytest.approx(slowest)
-    assert a.summary["comm_share"] == 0.0
+    assert a.summary["comm_step_share"] == 0.0
     assert b.checkpoints() and not list((dp / "ranks" / "rank_1" / "checkpoints").glob("*.ckpt"))
 
 
@@ -131,6 +131,6 @@ def test_notebook_runs_with_tiny_parameters(tmp_path, small_corpus):
                         parameters={"preset": "tiny", "steps": 10, "batch_size": 8, "corpus": str(small_corpus),
                                     "runs_dir": str(runs)}, cwd=str(REPO), progress_bar=False)
     unfused, fused = load_run(runs / "dp2_unfused").summary, load_run(runs / "dp2_fused_by_index").summary
-    assert unfused["comm_share"] > 0 and fused["comm_share"] > 0
+    assert unfused["comm_step_share"] > 0 and fused["comm_step_share"] > 0
     assert unfused["allreduce_calls_per_step"] == 28.0  # one per gradient tensor of the tiny model
     assert fused["allreduce_calls_per_step"] == 3.0  # split at parameters 5 and 10

@@ -30,7 +30,7 @@ def test_healthy_run_is_balanced_without_alarms(tmp_path, small_corpus):
     assert summary["bottleneck"] == "balanced" and summary["alarms"] == []
     assert "next round: batch_size" in text and "symptom:" not in text
     assert summary["loss_drop_per_ktok"] > 0
-    assert summary["bottleneck_evidence"]["comm_share"] == "not applicable: single process"
+    assert summary["bottleneck_evidence"]["comm_step_share"] == "not applicable: single process"
 
 
 def test_slow_source_is_data_bound(tmp_path, small_corpus):
