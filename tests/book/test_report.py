@@ -35,7 +35,7 @@ def test_runs_table_has_units_and_a_median_row():
     assert list(table.index) == ["a", "b", "median"]
     assert table.loc["median", "tokens/s"] == 2000.0
     assert table.loc["a", "peak RSS (MiB)"] == 500
-    assert table.loc["a", "comm share (%)"] == "n/a (single process)"
+    assert table.loc["a", "comm (% of step)"] == "n/a (single process)"
     assert table.loc["a", "MFU (%)"] == 5.0
 
 
