@@ -40,21 +40,27 @@ def _finite(values) -> np.ndarray:
     return arr[np.isfinite(arr)]
 
 
-def steady_rows(rows: list[dict], start_step: int, warmup_steps: int) -> list[dict]:
-    """Rows from `start_step + warmup_steps` on: the process's compile and warm-up steps left out."""
-    return [r for r in rows if r["step"] >= start_step + warmup_steps]
+def steady_rows(rows: list[dict], start_step: int, warmup_steps: int,
+                profiled: tuple[int, int] | list[int] | None = None) -> list[dict]:
+    """Rows that measure speed: from `start_step + warmup_steps` on (the process's compile and warm-up steps
+    left out), without the steps inside the profiler window `profiled` = (first, last) step, which carry the
+    profiler's own cost."""
+    first, last = profiled or (0, -1)
+    return [r for r in rows if r["step"] >= start_step + warmup_steps and not first <= r["step"] <= last]
 
 
 def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_token: float,
-              peak_flops: float | None) -> dict:
+              peak_flops: float | None, profiled: tuple[int, int] | list[int] | None = None) -> dict:
     """Speed, memory and loss figures over the steady window of the steps this process ran.
 
     start_step: first step this process ran (1, or the step after a resumed checkpoint);
+    profiled: (first, last) step of the profiler window, left out of every speed figure (`steady_rows`).
 
     step_time_ms: median ms/step; tokens_per_s: tokens of the window / its summed step time;
-    data_wait_share: blocked-on-data time / step time; mfu: flops_per_token·tokens_per_s / peak_flops.
+    data_wait_share: blocked-on-data time / step time; mfu: flops_per_token·tokens_per_s / peak_flops;
+    speed_steps: how many steps those figures are over.
     """
-    steady = steady_rows(rows, start_step, warmup_steps)
+    steady = steady_rows(rows, start_step, warmup_steps, profiled)
     times = _finite(r["step_time_ms"] for r in steady)
     waits = _finite(r["data_wait_ms"] for r in steady)
     tokens = sum(r["tokens"] for r in steady)
@@ -72,6 +78,8 @@ def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_to
         "step_time_ms_p90": float(np.percentile(times, 90)) if times.size else None,
         "warmup_steps": warmup_steps,
         "steady_window": [steady[0]["step"], steady[-1]["step"]] if steady else None,
+        "speed_steps": len(steady),
+        "profiled_steps": list(profiled) if profiled else None,
         "compile_s": first_row["step_time_ms"] / 1000.0 if first_row else None,
         "data_wait_share": float(waits.sum()) / total_ms if total_ms > 0 else None,
         "peak_memory_bytes": peak_rss_bytes(),

@@ -19,6 +19,7 @@ from helpers.run.hooks import RunHooks
 from helpers.run.precision import apply_precision
 from helpers.run.metrics import Ema, rss_bytes, summarize
 from helpers.run.monitors import effective_max_grad_norm
+from helpers.run.profile import window_steps
 from helpers.record import RecordError, RecordWriter, load_run, read_metric_rows, write_failure, METRICS_FILE
 
 
@@ -279,7 +280,7 @@ class Trainer:
             self.extra_summary.update(self.hooks.finish(self.writer.rows))
         self.writer.flush()
         stats = summarize(self.writer.rows, start_step, self.cfg.steady_after,
-                          getattr(self, "flops_per_token", 0.0), peak)
+                          getattr(self, "flops_per_token", 0.0), peak, window_steps(self.cfg))
         summary = {**base, **stats, **self.extra_summary, "n_params": getattr(self, "n_params", None),
                    "tokens_per_step": self.cfg.batch_size * self.cfg.grad_accum_steps * self.cfg.model.seq_len,
                    # one process: no collective in the step; data-parallel runs get it measured by rankmerge

@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         init()  # serves the cluster until the workers finish
         return 0
     rank, size = int(os.environ["RANK_ID"]), int(os.environ["RANK_SIZE"])  # set by msrun
-    window = min(cfg.parallel.comm_profile_steps, max(0, cfg.steps - cfg.steady_after))
+    # at most half the steady steps: the profiled ones are left out of speed, so unprofiled ones must remain
+    window = min(cfg.parallel.comm_profile_steps, max(0, cfg.steps - cfg.steady_after) // 2)
     if window and not cfg.monitor.profile_steps:  # the run's profiler window measures the collectives
         cfg = with_changes(cfg, {"monitor.profile_steps": window})
     rows: list[dict] = []

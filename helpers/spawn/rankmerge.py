@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from helpers.run.metrics import Ema, summarize
+from helpers.run.metrics import Ema, steady_rows, summarize
+from helpers.run.profile import window_steps
 from helpers.record import METRICS_FILE, atomic_write_text, load_run, rows_to_csv, write_summary
 
 
@@ -62,10 +63,11 @@ def merge_ranks(run_dir: str | Path) -> dict | None:
     for row in rows:
         row["loss_ema"] = ema.update(row["loss"])
     atomic_write_text(run_dir / METRICS_FILE, rows_to_csv(rows))
+    profiled = window_steps(cfg)  # the ranks' profiler window (comm_profile_steps): not speed
     stats = summarize(rows, start, cfg.steady_after, summary.get("flops_per_token") or 0.0,
-                      summary.get("peak_flops"))
+                      summary.get("peak_flops"), profiled)
     peaks = [r["peak_rss_bytes"] for r in ranks]
-    steady = [s for s in range(start + cfg.steady_after, rows[-1]["step"] + 1)] if rows else []
+    steady = {r["step"] for r in steady_rows(rows, start, cfg.steady_after, profiled)}
     rank_ms = [float(np.median([row["step_time_ms"] for row in r["rows"] if row["step"] in steady] or [np.nan]))
                for r in ranks]
     merged = {**summary, **stats, **_comm_summary(ranks, rows),

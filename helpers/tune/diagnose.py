@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from helpers.run.metrics import steady_rows
 from helpers.run.monitors import sustained_slope
 from helpers.run.profile import load_profile
 from helpers.record import RecordError, RunRecord, update_summary
@@ -71,9 +72,11 @@ def troubleshooting_rows(findings: list[str]) -> list[dict]:
 
 
 def _steady(record: RunRecord) -> list[dict]:
+    """The rows speed is judged on: the steady window without the profiled steps (`metrics.steady_rows`)."""
     window = record.summary.get("steady_window")
     first = window[0] if window else record.config.steady_after + 1
-    return [r for r in record.metrics if r["step"] >= first and r.get("step_time_ms") is not None]
+    return [r for r in steady_rows(record.metrics, first, 0, record.summary.get("profiled_steps"))
+            if r.get("step_time_ms") is not None]
 
 
 def _data_evidence(rows: list[dict], th: Thresholds) -> dict:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from helpers.run.profile import load_profile
@@ -42,3 +43,16 @@ def test_profile_rejects_paths_the_profiler_cannot_take(tmp_path):
     proc = run_cli("profile", "--steps", "5", "--out", str(tmp_path / "a=b"))
     assert proc.returncode == 2 and "'=' or ','" in proc.stderr
     assert not (tmp_path / "a=b").exists()
+
+
+def test_profiled_steps_stay_out_of_the_speed_figures(tmp_path, small_corpus):
+    out = tmp_path / "prof"
+    proc = run_cli("profile", *tiny_args(small_corpus, 24), "--steps", "8", "--out", str(out), "--progress", "none")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = load_run(out)
+    s = record.summary
+    assert s["profiled_steps"] == [4, 11] and s["steady_window"] == [12, 24] and s["speed_steps"] == 13
+    speed = [r for r in record.metrics if r["step"] >= 12]
+    assert s["tokens_per_s"] == pytest.approx(1000 * sum(r["tokens"] for r in speed)
+                                              / sum(r["step_time_ms"] for r in speed))
+    assert s["step_time_ms"] == pytest.approx(float(np.median([r["step_time_ms"] for r in speed])))

@@ -106,6 +106,11 @@ def test_two_rank_msrun_run_matches_one_process_with_same_global_batch(tmp_path,
     assert s["status"] == "ok" and s["data_parallel"] == 2 and s["ranks_merged"] == 2
     assert s["comm_step_share"] > 0 and s["comm_ms_per_step"] > 0
     assert s["allreduce_calls_per_step"] == 1.0  # fused by size: one bucket for the tiny model
+    # the ranks profile steps 4-7 for the all-reduce time (half the steady steps); speed is steps 8-12 only
+    assert s["profiled_steps"] == [4, 7] and s["steady_window"] == [8, 12] and s["speed_steps"] == 5
+    speed = [r for r in b.metrics if r["step"] >= 8]
+    assert s["tokens_per_s"] == pytest.approx(1000 * sum(r["tokens"] for r in speed)
+                                              / sum(r["step_time_ms"] for r in speed))
     assert len(s["rank_step_time_ms"]) == 2
     for rank in (0, 1):
         rows = load_json_rows(dp / "ranks" / f"rank_{rank}.json")
