@@ -9,6 +9,7 @@ from helpers import config as config_mod
 from helpers.config import ConfigError, load_config
 from helpers.record import RecordError, load_run
 from helpers.units import mib_text
+from helpers.run.memory import memory_label
 from helpers.run.rows import PROGRESS_KINDS, progress_sink
 
 KNOWN_ERRORS = (ConfigError, RecordError)
@@ -23,7 +24,7 @@ def one_line(summary: dict, out: str) -> str:
     return (f"{summary.get('status')} · {summary.get('steps')} steps · loss {num('loss_first', '.3f')}→"
             f"{num('loss_last', '.3f')} · val {num('val_loss', '.3f')} (ppl {num('val_ppl', '.1f')}) · "
             f"{num('tokens_per_s', ',.0f')} tokens/s · {num('step_time_ms', '.1f')} ms/step · "
-            f"MFU {'n/a' if mfu is None else f'{100 * mfu:.2f}%'} · peak RSS "
+            f"MFU {'n/a' if mfu is None else f'{100 * mfu:.2f}%'} · {memory_label(summary)} "
             f"{mib_text(summary.get('peak_memory_bytes'))} → {out}")
 
 
@@ -33,7 +34,8 @@ def show_table(record) -> str:
     rows = [("run", str(record.path)), ("status", s.get("status")), ("reason", s.get("status_reason") or "")]
     rows += [(k, s.get(k)) for k in ("steps", "tokens_per_s", "step_time_ms", "step_time_ms_p10",
                                      "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share",
-                                     "peak_memory_bytes", "mfu", "peak_flops", "peak_flops_measured_at",
+                                     "peak_memory_bytes", "memory_source", "peak_rss_bytes",
+                                     "peak_device_memory_bytes", "mfu", "peak_flops", "peak_flops_measured_at",
                                      "peak_flops_load_avg", "peak_flops_source", "loss_first", "loss_last",
                                      "val_loss", "val_ppl", "grad_norm_max", "comm_step_share", "n_params")]
     width = max(len(k) for k, _ in rows)

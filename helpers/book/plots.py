@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 
 from helpers.record import RunRecord
 from helpers.units import MIB
+from helpers.run.memory import DEVICE, memory_label
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
@@ -51,7 +52,11 @@ def loss_plot(groups: dict[str, list[RunRecord]]) -> Figure:
 
 
 def memory_plot(groups: dict[str, list[RunRecord]]) -> Figure:
-    """Process RSS (MiB) per step."""
+    """Memory per step (MiB): process RSS on CPU, the device allocator's per-step peak on GPU/Ascend."""
+    first = next((r for runs in groups.values() for r in runs), None)
+    if first is not None and memory_label(first.summary) == "peak device memory":
+        return curves(groups, "device_memory_bytes", "device memory (MiB)",
+                      f"Memory per step ({DEVICE})", scale=1 / MIB)
     return curves(groups, "rss_bytes", "RSS (MiB)", "Memory (process RSS) per step", scale=1 / MIB)
 
 
@@ -61,14 +66,15 @@ def data_wait_plot(groups: dict[str, list[RunRecord]]) -> Figure:
 
 
 def sweep_plot(points: list[tuple[object, RunRecord]], xlabel: str) -> Figure:
-    """Tokens/s and peak RSS (MiB) against a swept value; points are (value, record) pairs."""
+    """Tokens/s and peak memory (MiB; RSS on CPU, device memory off it) against a swept value; points are
+    (value, record) pairs."""
     fig, (left, right) = _figure(2, width=4.8)
     ok = [(str(v), r) for v, r in points if r.summary.get("tokens_per_s")]
     labels = [v for v, _ in ok]
     left.bar(labels, [r.summary["tokens_per_s"] for _, r in ok], color=COLORS[0])
     left.set(xlabel=xlabel, ylabel="tokens/s (steady median)", title="Throughput")
     right.bar(labels, [(r.summary.get("peak_memory_bytes") or 0) / MIB for _, r in ok], color=COLORS[3])
-    right.set(xlabel=xlabel, ylabel="peak RSS (MiB)", title="Peak memory")
+    right.set(xlabel=xlabel, ylabel=f"{memory_label(ok[0][1].summary if ok else None)} (MiB)", title="Peak memory")
     for ax in (left, right):
         ax.grid(alpha=0.3, axis="y")
     return fig

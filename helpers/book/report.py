@@ -16,6 +16,7 @@ import pandas as pd
 from helpers.record import RunRecord, median_summary
 from helpers.tune.rounds import load_runs
 from helpers.units import MIB
+from helpers.run.memory import memory_label
 from helpers.config import global_batch, micro_batch_per_device
 
 
@@ -41,7 +42,7 @@ def run_row(record: RunRecord) -> dict[str, Any]:
         "step (ms)": _num(s.get("step_time_ms")),
         "tokens/s": _num(s.get("tokens_per_s"), digits=0),
         "MFU (%)": _num(s.get("mfu"), 100.0, 2),
-        "peak RSS (MiB)": _num(s.get("peak_memory_bytes"), 1 / MIB, 0),
+        f"{memory_label(s)} (MiB)": _num(s.get("peak_memory_bytes"), 1 / MIB, 0),  # RSS on CPU, device off it
         "data wait (%)": _num(s.get("data_wait_share"), 100.0, 2),
         "comm (% of step)": _num(s.get("comm_step_share"), 100.0, 2) if dp > 1 else "n/a (single process)",
         "compile (s)": _num(s.get("compile_s"), digits=2),

@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import psutil
 
+from helpers.run.memory import DEVICE, RSS
+
 _PROCESS = psutil.Process()
 
 
@@ -50,7 +52,8 @@ def steady_rows(rows: list[dict], start_step: int, warmup_steps: int,
 
 
 def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_token: float,
-              peak_flops: float | None, profiled: tuple[int, int] | list[int] | None = None) -> dict:
+              peak_flops: float | None, profiled: tuple[int, int] | list[int] | None = None,
+              memory_source: str = RSS) -> dict:
     """Speed, memory and loss figures over the steady window of the steps this process ran.
 
     start_step: first step this process ran (1, or the step after a resumed checkpoint);
@@ -58,7 +61,9 @@ def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_to
 
     step_time_ms: median ms/step; tokens_per_s: tokens of the window / its summed step time;
     data_wait_share: blocked-on-data time / step time; mfu: flops_per_token·tokens_per_s / peak_flops;
-    speed_steps: how many steps those figures are over.
+    speed_steps: how many steps those figures are over;
+    peak_memory_bytes: the peak the memory gate judges, per `memory_source` (process RSS on CPU; on a device the
+    largest per-step device_memory_bytes); peak_rss_bytes and peak_device_memory_bytes keep both.
     """
     steady = steady_rows(rows, start_step, warmup_steps, profiled)
     times = _finite(r["step_time_ms"] for r in steady)
@@ -70,6 +75,9 @@ def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_to
     evals = [r for r in rows if r.get("val_loss") is not None]
     grad_norms = _finite(r.get("grad_norm") for r in rows)
     first_row = next((r for r in rows if r["step"] == start_step), {})
+    rss_peak = peak_rss_bytes()
+    device = _finite(r.get("device_memory_bytes") for r in rows)
+    device_peak = int(device.max()) if device.size else None
     return {
         "steps": rows[-1]["step"] if rows else 0,
         "tokens_per_s": tokens_per_s,
@@ -82,7 +90,10 @@ def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_to
         "profiled_steps": list(profiled) if profiled else None,
         "compile_s": first_row["step_time_ms"] / 1000.0 if first_row else None,
         "data_wait_share": float(waits.sum()) / total_ms if total_ms > 0 else None,
-        "peak_memory_bytes": peak_rss_bytes(),
+        "peak_memory_bytes": device_peak if memory_source == DEVICE else rss_peak,
+        "memory_source": memory_source,
+        "peak_rss_bytes": rss_peak,
+        "peak_device_memory_bytes": device_peak,
         "mfu": (flops_per_token * tokens_per_s / peak_flops) if (tokens_per_s and peak_flops) else None,
         "peak_flops": peak_flops,
         "flops_per_token": flops_per_token,

@@ -18,6 +18,7 @@ import numpy as np
 
 from helpers.config import Config, ConfigError
 from helpers.record import RecordError, atomic_write_json, atomic_write_text, rows_to_csv
+from helpers.run.device_profile import activities, read_op_table
 
 PROFILE_DIR, OP_TABLE, PROFILE_JSON = "profile", "op_table.csv", "profile.json"
 OP_COLUMNS = ["name", "calls", "calls_per_step", "avg_us", "total_ms", "ms_per_step", "share"]
@@ -54,6 +55,7 @@ class ProfileWindow:
     def __init__(self, cfg: Config, run_dir: Path):
         self.window = window_steps(cfg)
         self.out = Path(run_dir) / PROFILE_DIR
+        self.device_target = cfg.device_target
         self.prof = None
         self.step_call_ms: list[float] = []
         self.export_s: float | None = None
@@ -63,10 +65,10 @@ class ProfileWindow:
     def before_step(self, step: int) -> None:
         """Start the profiler when `step` is the window's first."""
         if self.window and step == self.window[0]:
-            from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+            from mindspore.profiler import profile, schedule, tensorboard_trace_handler
             self.out.mkdir(parents=True, exist_ok=True)
             k = self.window[1] - self.window[0] + 1
-            self.prof = profile(activities=[ProfilerActivity.CPU],
+            self.prof = profile(activities=activities(self.device_target),
                                 schedule=schedule(wait=0, warmup=0, active=k, repeat=1),
                                 on_trace_ready=tensorboard_trace_handler(str(self.out)))
             self.prof.start()
@@ -113,6 +115,7 @@ class ProfileReport:
     export_s: float | None
     not_produced_on_cpu: dict
     ops: list[dict] = field(default_factory=list, repr=False)
+    op_source: str = "host kernel time (cpu_op_type_info)"  # which profiler table the op times come from
 
     def frame(self, top: int | None = None):
         """The op table as a pandas DataFrame (top rows only if `top`)."""
@@ -136,30 +139,6 @@ class ProfileReport:
                 f"{self.baseline_steps} unprofiled steady steps; {self.overhead_note})")
 
 
-def read_op_types(csv_path: Path, steps: int) -> list[dict]:
-    """Parse MindSpore's cpu_op_type_info csv into OP_COLUMNS rows, largest total first; share is of
-    all op time in the window."""
-    with open(csv_path, encoding="utf-8", newline="") as fh:
-        raw = list(csv.DictReader(fh))
-    total = sum(float(r["total_compute_time"]) for r in raw)
-    ops = []
-    for r in raw:
-        calls, total_ms = int(float(r["type_occurrences"])), float(r["total_compute_time"])
-        ops.append({"name": r["op_type"], "calls": calls, "calls_per_step": calls / steps,
-                    "avg_us": float(r["avg_time(ms)"]) * 1000.0, "total_ms": total_ms,
-                    "ms_per_step": total_ms / steps, "share": total_ms / total if total else 0.0})
-    return sorted(ops, key=lambda op: op["total_ms"], reverse=True)
-
-
-def _latest_raw_dir(run_dir: Path) -> Path:
-    found = sorted((run_dir / PROFILE_DIR).glob("*/FRAMEWORK/cpu_op_type_info_*.csv"),
-                   key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise RecordError(f"{str(run_dir)!r} has no profiler output (profile/*/FRAMEWORK/cpu_op_type_info_*.csv);"
-                          f" train with monitor.profile_steps > 0 or `python -m helpers profile`")
-    return found[-1]
-
-
 def _median(values) -> float | None:
     arr = np.array([v for v in values if v is not None], dtype=np.float64)
     return float(np.median(arr)) if arr.size else None
@@ -171,8 +150,7 @@ def analyse(run_dir: Path, rows: list[dict], cfg: Config, window: ProfileWindow 
     first, last = window_steps(cfg)
     in_window = [r for r in rows if first <= r["step"] <= last]
     steps = len(in_window) or (last - first + 1)
-    op_csv = _latest_raw_dir(run_dir)
-    ops = read_op_types(op_csv, steps)
+    ops, op_source, raw = read_op_table(run_dir / PROFILE_DIR, steps)  # device table first (device_profile.py)
     baseline = [r for r in rows if r["step"] > cfg.steady_after and not first <= r["step"] <= last]
     win_ms, base_ms = _median(r["step_time_ms"] for r in in_window), _median(r["step_time_ms"] for r in baseline)
     overhead = (win_ms / base_ms - 1.0) * 100.0 if (win_ms and base_ms) else None
@@ -185,15 +163,16 @@ def analyse(run_dir: Path, rows: list[dict], cfg: Config, window: ProfileWindow 
                                "not applicable: single process, no communication operators recorded"
                                if cfg.parallel.data_parallel == 1 else
                                "no communication operators recorded on this rank")
-    trace = next(op_csv.parent.parent.glob("ASCEND_PROFILER_OUTPUT/trace_view.json"), None)
+    trace = next(raw.glob("ASCEND_PROFILER_OUTPUT/trace_view.json"), None)
     report = ProfileReport(
-        window=[first, last], steps_profiled=steps, raw_dir=str(op_csv.parent.parent.relative_to(run_dir)),
+        window=[first, last], steps_profiled=steps, raw_dir=str(raw.relative_to(run_dir)),
         trace_file=str(trace.relative_to(run_dir)) if trace else None,
         op_time_ms_per_step=sum(op["ms_per_step"] for op in ops), window_step_ms=win_ms, baseline_step_ms=base_ms,
         baseline_steps=len(baseline), overhead_pct=overhead, overhead_note=note,
         data_wait_share=wait / busy if busy else None, comm_op_share=comm_op_share, comm_ops=[op["name"] for op in comm],
         profiler_step_call_ms=_median(window.step_call_ms) if window else None,
-        export_s=window.export_s if window else None, not_produced_on_cpu=dict(NOT_ON_CPU), ops=ops)
+        export_s=window.export_s if window else None, not_produced_on_cpu=dict(NOT_ON_CPU), ops=ops,
+        op_source=op_source)
     out = run_dir / PROFILE_DIR
     atomic_write_text(out / OP_TABLE, rows_to_csv(ops, OP_COLUMNS))
     data = asdict(report)

@@ -18,6 +18,7 @@ from helpers.run.env import environment, peak_flops_info, peak_summary
 from helpers.run.hooks import RunHooks
 from helpers.run.precision import apply_precision
 from helpers.run.metrics import Ema, rss_bytes, summarize
+from helpers.run.memory import DeviceMemory, memory_source
 from helpers.run.monitors import effective_max_grad_norm
 from helpers.run.profile import window_steps
 from helpers.record import RecordError, RecordWriter, load_run, read_metric_rows, write_failure, METRICS_FILE
@@ -151,6 +152,8 @@ class Trainer:
         self.stepper = Stepper(self.loss_net, optimizer, effective_max_grad_norm(cfg), cfg.loss_scale,
                                cfg.loss_scale_value, cfg.loss_scale_window, cfg.grad_accum_steps)
         self.hooks = RunHooks(cfg, self.run_dir, optimizer)
+        # On a device the per-step figure is MindSpore's allocator peak; on CPU its counters are always 0.
+        self.device_memory = DeviceMemory(cfg.device_target) if cfg.device_target != "CPU" else None
         self._compile_cells(ms)
         if cfg.amp_level != "O0":  # after the real model is built, so its init (RNG draws) matches O0 runs
             self._audit_amp(vocab)
@@ -195,6 +198,10 @@ class Trainer:
         for cell in self.stepper.cells:
             ms.load_param_into_net(cell, params, strict_load=False)
         return step
+
+    def _device_memory_bytes(self) -> int | None:
+        """This step's device-allocator peak (bytes), or None on CPU (see helpers/run/memory.py)."""
+        return self.device_memory.step_peak() if self.device_memory is not None else None
 
     def _save_checkpoint(self, step: int) -> None:
         """Metrics first, then the checkpoint: a resume never finds a checkpoint newer than its rows."""
@@ -280,7 +287,10 @@ class Trainer:
             self.extra_summary.update(self.hooks.finish(self.writer.rows))
         self.writer.flush()
         stats = summarize(self.writer.rows, start_step, self.cfg.steady_after,
-                          getattr(self, "flops_per_token", 0.0), peak, window_steps(self.cfg))
+                          getattr(self, "flops_per_token", 0.0), peak, window_steps(self.cfg),
+                          memory_source(self.cfg.device_target))
+        if getattr(self, "device_memory", None) is not None:  # the allocator's own totals, next to the peak
+            stats.update(self.device_memory.stats())
         summary = {**base, **stats, **self.extra_summary, "n_params": getattr(self, "n_params", None),
                    "tokens_per_step": self.cfg.batch_size * self.cfg.grad_accum_steps * self.cfg.model.seq_len,
                    # one process: no collective in the step; data-parallel runs get it measured by rankmerge
@@ -306,7 +316,8 @@ class Trainer:
             row = {"step": step, "step_time_ms": step_ms, "data_wait_ms": wait_ms, "tokens": tokens,
                    "tokens_per_s": tokens / (step_ms / 1000.0), "loss": loss, "loss_ema": ema.update(loss),
                    "grad_norm": norm, "loss_scale": scale, "overflow": int(not finite), "lr": lr_at(cfg, step),
-                   "rss_bytes": rss_bytes(), "device_memory_bytes": None, "val_loss": None, "val_ppl": None}
+                   "rss_bytes": rss_bytes(), "device_memory_bytes": self._device_memory_bytes(),
+                   "val_loss": None, "val_ppl": None}
             bad = "loss" if not math.isfinite(loss) else (
                 "gradient norm" if cfg.loss_scale == "none" and not math.isfinite(norm) else "")
             if not bad and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps):

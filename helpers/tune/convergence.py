@@ -17,6 +17,7 @@ import numpy as np
 from helpers.record import RunRecord
 from helpers.tune.rules import Verdict, t975
 from helpers.units import mib_text
+from helpers.run.memory import memory_label
 
 # Variables that change what a model learns per token rather than how fast a step runs: a speed round on them
 # measures tokens/s, which they do not move, so `Workbook.run_round` warns and points to objective="convergence".
@@ -173,7 +174,7 @@ def judge_convergence(reference: Sequence[RunRecord], candidate: Sequence[RunRec
     reason = (f"val loss at {f.tokens:,.0f} tokens {ref_mean:.4f} → {cand_mean:.4f} ({f.delta:+.4f}) {where} seed "
               f"band ±{f.band:.4f} ({len(f.reference_losses)}+{len(f.candidate_losses)} seeds); time to val loss "
               f"{f.target:.4f}: {_times_text(f.reference_times)} → {_times_text(f.candidate_times)}; tokens/s "
-              f"{speedup - 1:+.1%}; peak RSS {memory_ratio:.2f}× ({mib_text(peak)} {'>' if over_memory else '≤'} limit"
+              f"{speedup - 1:+.1%}; {memory_label(candidate[0].summary)} {memory_ratio:.2f}× ({mib_text(peak)} {'>' if over_memory else '≤'} limit"
               f" {mib_text(memory_limit_bytes)}) → {decision}" + (" (over the memory limit)" if over_memory else ""))
     return Verdict(decision, reason, speedup, f.band, f.delta / ref_mean, memory_ratio,
                    convergence_rule_text(memory_limit_bytes))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from helpers.run.memory import memory_label
 from helpers.run.metrics import steady_rows
 from helpers.run.monitors import sustained_slope
 from helpers.run.profile import load_profile
@@ -116,6 +117,8 @@ def _comm(ev: dict) -> tuple[float | None, str]:
 
 def _memory_evidence(record: RunRecord, rows: list[dict]) -> dict:
     peak, total = record.summary.get("peak_memory_bytes"), record.env.get("memory_total_bytes")
+    if memory_label(record.summary) == "peak device memory":  # a device peak is a share of the device's memory
+        total = record.summary.get("device_memory_total_bytes")
     pts = [(r["step"], r["rss_bytes"]) for r in rows if r.get("rss_bytes") is not None]
     return {"peak_memory_bytes": peak, "memory_total_bytes": total,
             "peak_memory_fraction": peak / total if (peak and total) else None,
@@ -132,7 +135,7 @@ def _next_rounds(bottleneck: str, ev: dict, findings: list[str]) -> list[str]:
             ["recompute", "batch_size (smaller, with grad_accum_steps)"]
     if bottleneck == "compute-bound" and ev.get("dominant_op") not in MATMUL_OPS:
         return [f"model/kernel change for {ev['dominant_op']} (e.g. model.norm=rmsnorm)", "batch_size"]
-    return ["batch_size", "mixed_precision (slower on CPU; the win on Ascend/GPU)"]
+    return ["batch_size", "mixed_precision (pays where fp16 matmul units exist: Ascend/GPU)"]
 
 
 def _checks(record: RunRecord, th: Thresholds) -> list[str]:
@@ -168,7 +171,8 @@ def diagnose(record: RunRecord, thresholds: Thresholds | None = None) -> Diagnos
     reasons: list[str] = []
     frac, slope = ev["peak_memory_fraction"], ev["rss_slope_bytes_per_step"]
     if frac is not None and frac >= th.memory_fraction:
-        reasons.append(f"peak RSS is {frac:.0%} of machine memory (≥ {th.memory_fraction:.0%})")
+        where = "device" if memory_label(record.summary) == "peak device memory" else "machine"
+        reasons.append(f"{memory_label(record.summary)} is {frac:.0%} of {where} memory (≥ {th.memory_fraction:.0%})")
     if "memory_growth" in alarm_kinds:
         reasons.append(f"memory_growth alarm: RSS grows {slope or 0.0:,.0f} bytes/step over the steady window")
     if "failed_oom" in checks:

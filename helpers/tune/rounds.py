@@ -34,6 +34,7 @@ from helpers.tune.convergence import CONVERGENCE_VARIABLES, OBJECTIVES, judge_co
 from helpers.tune.ledger import Ledger, RoundError, WorkbookLock
 from helpers.record import (SUMMARY_FILE, RecordError, RunRecord, atomic_write_json, atomic_write_text, load_run,
                             median_summary, write_summary)
+from helpers.run.memory import default_memory_limit, memory_label
 from helpers.spawn.runner import launch
 from helpers.tune.rules import Verdict, failed, judge, loss_gate_for, noise_band
 
@@ -130,7 +131,9 @@ class Workbook:
         """A new workbook pinned to `cfg`; on an existing workbook with the same baseline and settings, open it.
 
         repeats: runs per config (≥ 2: one run cannot measure run-to-run noise); loss_gate: allowed relative
-        loss drift at equal tokens (0.02 = 2%); memory_limit_bytes: peak RSS limit (default 90% of RAM).
+        loss drift at equal tokens (0.02 = 2%); memory_limit_bytes: peak memory limit in bytes (default 90% of RAM
+        on CPU, where the peak is process RSS; 90% of the device's memory on GPU/Ascend, where it is the device
+        allocator's peak).
         A relative `path`, and relative file paths in `cfg`, mean what they mean in the caller's working directory.
         """
         path = absolute(path)
@@ -139,9 +142,11 @@ class Workbook:
             raise RoundError(f"repeats={repeats!r} cannot measure run-to-run noise; use repeats=2 or more")
         if not 0 < loss_gate < 1:
             raise RoundError(f"loss_gate={loss_gate!r} must be a fraction in (0, 1), e.g. 0.02 for 2%")
-        if memory_limit_bytes is None:
-            import psutil
-            memory_limit_bytes = int(0.9 * psutil.virtual_memory().total)
+        if memory_limit_bytes is None:  # 90% of RAM on CPU, of the device's memory on GPU/Ascend
+            memory_limit_bytes = default_memory_limit(cfg.device_target)
+            if memory_limit_bytes is None:
+                raise RoundError(f"MindSpore reports no memory total for device_target={cfg.device_target}; pass "
+                                 f"memory_limit_bytes (bytes of device memory the peak may reach)")
         if memory_limit_bytes <= 0:
             raise RoundError(f"memory_limit_bytes={memory_limit_bytes} must be positive (bytes), or None for "
                              f"90% of this machine's RAM")
@@ -555,7 +560,8 @@ class Workbook:
             ("step time", "ms", pair(lambda c, r: median_summary(r, "step_time_ms"))),
             ("throughput", "tokens/s", pair(lambda c, r: median_summary(r, "tokens_per_s"))),
             ("MFU", "fraction", pair(lambda c, r: median_summary(r, "mfu"))),
-            ("peak memory", "bytes", pair(lambda c, r: median_summary(r, "peak_memory_bytes"))),
+            (memory_label(base_runs[0].summary if base_runs else None), "bytes",
+             pair(lambda c, r: median_summary(r, "peak_memory_bytes"))),
             ("comm share of step time", "fraction", pair(lambda c, r: median_summary(r, "comm_step_share"))),
             (f"loss after {steps} steps", "nats/token", pair(lambda c, r: median_summary(r, "loss_last"))),
             ("val loss", "nats/token", pair(lambda c, r: median_summary(r, "val_loss"))),

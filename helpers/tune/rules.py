@@ -12,6 +12,7 @@ import numpy as np
 
 from helpers.record import RunRecord
 from helpers.units import mib_text
+from helpers.run.memory import memory_label
 
 # Two repeats on a quiet machine differ by about ±2% (72–75 ms/step in mindspore-cpu-facts.md), so a smaller
 # gain is not resolvable with the default repeats however steady the measured spread happens to look.
@@ -168,7 +169,8 @@ def judge(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], baseli
     """Apply the rule (see `rule_text`) to a candidate's repeats against the reference's (run records).
 
     A run of either side that did not finish makes the verdict "failed" with that run's status_reason.
-    speedup = median candidate tokens/s ÷ median reference tokens/s; memory_ratio = median peak RSS (bytes)
+    speedup = median candidate tokens/s ÷ median reference tokens/s; memory_ratio = median peak memory (bytes;
+    process RSS on CPU, the device allocator's peak on GPU/Ascend, named by the summary's memory_source)
     ratio; loss_drift from `loss_drift`; the band from `noise_band`. Precedence: failed > over the memory
     limit > loss worse beyond the gate > speed (keep / reject "slower" / no change). A lower loss is allowed.
     """
@@ -201,7 +203,7 @@ def judge(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], baseli
         verdict = "reject"
     loss_part = (f"loss drift {drift:+.1%} {'beyond' if worse_loss else 'within'} gate {gate:.1%}"
                  + (" (lower loss allowed)" if drift < -gate else ""))
-    memory_part = (f"peak RSS {memory_ratio:.2f}× ({mib_text(peak)} {'>' if over_memory else '≤'} limit "
+    memory_part = (f"{memory_label(candidate[0].summary)} {memory_ratio:.2f}× ({mib_text(peak)} {'>' if over_memory else '≤'} limit "
                    f"{mib_text(memory_limit_bytes)})")
     why = [w for w, hit in (("over the memory limit", over_memory), ("loss worse at equal tokens", worse_loss))
            if hit]

@@ -22,6 +22,7 @@ def test_profile_cli_writes_op_table_shares_and_overhead(tmp_path, small_corpus)
     report = load_profile(out)
     names = [op["name"] for op in report.ops]
     assert {"MatMul", "BatchMatMul", "LayerNormGrad", "AdamWeightDecay"} <= set(names)
+    assert report.op_source == "host kernel time (cpu_op_type_info)"  # CPU: no device table to prefer
     shares = [op["share"] for op in report.ops]
     assert 0.99 < sum(shares) <= 1.0 + 1e-9 and shares == sorted(shares, reverse=True)
     assert report.window == [4, 43] and report.steps_profiled == 40

@@ -31,6 +31,9 @@ def test_loss_falls_on_tiny_shakespeare_and_summary_is_complete(tmp_path):
     assert s["step_time_ms_p10"] <= s["step_time_ms"] <= s["step_time_ms_p90"]
     assert s["compile_s"] > s["step_time_ms"] / 1000
     assert 0 <= s["data_wait_share"] < 1 and s["peak_memory_bytes"] > 100 * 2**20
+    # CPU: the gate's figure is process RSS, named as such; MindSpore's device counters are not recorded
+    assert s["memory_source"] == "process RSS" and s["peak_rss_bytes"] == s["peak_memory_bytes"]
+    assert s["peak_device_memory_bytes"] is None and all(r["device_memory_bytes"] is None for r in record.metrics)
     assert [r["step"] for r in record.metrics] == list(range(1, 61))
     assert [r["step"] for r in record.metrics if r["val_loss"] is not None] == [30, 60]
     assert math.isclose(record.metrics[-1]["val_ppl"], math.exp(record.metrics[-1]["val_loss"]), rel_tol=1e-6)

@@ -138,7 +138,7 @@ def test_override_and_rollback_move_the_best_and_are_recorded(book, tmp_path):
         "decide", 1, "keep", "ana", "eager mode is what we debug with", 1)
     rows = {row["metric"]: row for row in wb.before_after()}
     assert rows["throughput"]["ratio"] < 0.5 and rows["model params"]["ratio"] == 1.0
-    assert rows["loss after 12 steps"]["baseline"] > 0 and rows["peak memory"]["unit"] == "bytes"
+    assert rows["loss after 12 steps"]["baseline"] > 0 and rows["peak RSS"]["unit"] == "bytes"
 
     assert wb.rollback(0).mode == "graph" and wb.best_config().mode == "graph"
     assert wb.rollback(1).mode == "pynative" and wb.ledger()[-1]["changes"] == {
