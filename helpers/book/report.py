@@ -139,6 +139,21 @@ def verdict_text(result) -> str:
             f"{result.decision.upper()}{note} — {result.verdict.reason}")
 
 
+def speed_reading(result, others: dict[str, list[RunRecord]] | None = None) -> str:
+    """What a round's runs measured, in sentences made from its records: the verdict with its reason, then the median
+    tokens/s of each group in `others` (e.g. sweep points) as a ratio of the round's reference runs. A sweep point
+    is one run with no noise band of its own, so it gets a ratio, never a verdict."""
+    ref = median_summary(load_runs(result.reference_runs), "tokens_per_s")
+    lines = [verdict_text(result)]
+    for label, records in (others or {}).items():
+        tok = median_summary(records, "tokens_per_s")
+        if label == "reference" or tok is None or not ref:
+            continue
+        lines.append(f"{label}: {tok:,.0f} tokens/s = ×{tok / ref:.2f} the round's reference ({ref:,.0f} tokens/s, "
+                     f"median of {len(result.reference_runs)}); {len(records)} run(s), so a ratio, not a verdict")
+    return "\n".join(lines)
+
+
 def rounds_table(rounds: list, failed_notebooks: dict[str, str] | None = None) -> pd.DataFrame:
     """Every round: change, objective, decision, speed-up, noise band, loss drift, memory ratio, reason; plus
     rows for notebooks that failed before their round was recorded (decision 'failed'). The noise band is

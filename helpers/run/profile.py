@@ -144,6 +144,13 @@ def _median(values) -> float | None:
     return float(np.median(arr)) if arr.size else None
 
 
+def _spread_text(rows: list[dict]) -> str:
+    """p10 and p90 of the rows' step times relative to their median, e.g. '-4.1%/+9.8%' (the run's own noise)."""
+    times = np.array([r["step_time_ms"] for r in rows if r.get("step_time_ms") is not None], dtype=np.float64)
+    median = float(np.median(times))
+    return f"{np.percentile(times, 10) / median - 1:+.1%}/{np.percentile(times, 90) / median - 1:+.1%} (p10/p90)"
+
+
 def analyse(run_dir: Path, rows: list[dict], cfg: Config, window: ProfileWindow | None = None) -> ProfileReport:
     """Build the op table and profile.json from the raw profiler output and the run's metric rows."""
     run_dir = Path(run_dir)
@@ -154,7 +161,8 @@ def analyse(run_dir: Path, rows: list[dict], cfg: Config, window: ProfileWindow 
     baseline = [r for r in rows if r["step"] > cfg.steady_after and not first <= r["step"] <= last]
     win_ms, base_ms = _median(r["step_time_ms"] for r in in_window), _median(r["step_time_ms"] for r in baseline)
     overhead = (win_ms / base_ms - 1.0) * 100.0 if (win_ms and base_ms) else None
-    note = (f"{len(baseline)} baseline steps; shared machine, so expect ±10% noise" if overhead is not None
+    note = (f"the unprofiled steps themselves spread {_spread_text(baseline)} around their median, so an "
+            f"overhead inside that is not resolved" if overhead is not None
             else "not measured: no unprofiled steady steps; raise steps beyond the window")
     wait = sum(r["data_wait_ms"] or 0.0 for r in in_window)
     busy = sum(r["step_time_ms"] for r in in_window)

@@ -120,13 +120,13 @@ def _execution(cfg: Config) -> list[Candidate]:
         out = [Candidate("graph_mode", "execution", {"mode": "graph", "jit_level": "O0"},
                          f"mode=pynative{' with jit_level=none (eager)' if eager else ''}: operators are "
                          "dispatched from Python one at a time; graph mode compiles the whole train step into one "
-                         "graph (measured on this CPU: eager 414–524 ms/step vs graph 72–75 ms/step)",
+                         "graph",
                          # ≥ 6× faster per step as measured; at worst 2×, plus the one-off compile
                          time_factor=0.5 if eager else 1.0, extra_s=COMPILE_ALLOWANCE_S)]
         if eager:
             out.append(Candidate("pynative_jit", "execution", {"jit_level": "O0"},
-                                 "stays in PyNative but wraps the step Cells in ms.jit, compiling them "
-                                 "(measured: 180–230 ms/step vs eager 414–524)", time_factor=0.75,
+                                 "stays in PyNative but wraps the step Cells in ms.jit, compiling them",
+                                 time_factor=0.75,
                                  extra_s=COMPILE_ALLOWANCE_S))
         return out
     if cfg.jit_level != "O1":
@@ -145,7 +145,7 @@ def _batch(cfg: Config, verdict: str, keep_global_batch: bool) -> tuple[list[Can
                           "memory-bound: half the micro-batch halves activation memory; twice the accumulation "
                           "keeps the global batch", time_factor=1.5)], ""
     why = ("a larger micro-batch amortises the per-step fixed cost (Python, kernel launches, the optimizer "
-           "update) over more tokens (graph mode here: bs2 9.9k → bs8 13.2k tokens/s at seq 128)")
+           "update) over more tokens")
     if keep_global_batch:
         if g < 2 or g % 2:
             return [], (f"keep_global_batch: grad_accum_steps={g} leaves no accumulation to trade for a larger "
@@ -179,7 +179,7 @@ def _threads(cfg: Config, cores: int) -> list[Candidate]:
     if cfg.threads == 0:
         return [Candidate(f"threads_{cores // 2}", "threads", {"threads": cores // 2},
                           f"fewer op threads ({cores // 2} of {cores} cores) can win when ops are too small to "
-                          "split and Python/the data pipeline need a core (measured for nano: 1 thread slower)",
+                          "split and Python/the data pipeline need a core",
                           time_factor=1.6)]
     return [Candidate("threads_default", "threads", {"threads": 0},
                       f"threads={cfg.threads}: MindSpore's default uses every core for op kernels")]
@@ -191,8 +191,8 @@ def _amp(cfg: Config) -> list[Candidate]:
     return [Candidate("amp_O2_bf16", "amp", {"amp_level": "O2", "amp_dtype": "bf16"},
                       "bf16 halves matmul and activation bytes without loss scaling (the win on Ascend)"),
             Candidate("amp_O2_fp16", "amp", {"amp_level": "O2", "loss_scale": "dynamic"},
-                      "fp16 with dynamic loss scaling halves matmul bytes; on CPU fp16 kernels are slower "
-                      "(measured O2 193 vs O0 72 ms/step), so expect a rejection here", time_factor=3.0)]
+                      "fp16 with dynamic loss scaling halves matmul bytes; a CPU has no fp16 matmul units, so "
+                      "only the round's own runs can say whether the casts pay", time_factor=3.0)]
 
 
 def _recompute(cfg: Config, verdict: str) -> list[Candidate]:
@@ -200,8 +200,7 @@ def _recompute(cfg: Config, verdict: str) -> list[Candidate]:
         return []
     why = ("memory-bound: recomputing each block's activations in backward trades time for memory"
            if verdict == "memory-bound" else
-           "recompute trades time for activation memory; worth it only when memory limits the batch "
-           "(graph mode on CPU measured +37% time, +12% RSS)")
+           "recompute trades time for activation memory; worth it only when memory limits the batch")
     return [Candidate("recompute_blocks", "recompute", {"recompute": "blocks"}, why, time_factor=1.5)]
 
 
@@ -210,8 +209,8 @@ def _data_parallel(cfg: Config, verdict: str, cores: int) -> tuple[list[Candidat
     if p.data_parallel > 1:
         if p.comm_fusion == "none":
             return [Candidate("comm_fusion_size", "data_parallel", {"parallel.comm_fusion": "size"},
-                              "one all-reduce per gradient tensor → size buckets: fewer, larger all-reduces "
-                              "(measured 20 → 1 per step, 17.6 → 8.4 ms)", extra_s=15.0)], ""
+                              "one all-reduce per gradient tensor → size buckets: fewer, larger all-reduces",
+                              extra_s=15.0)], ""
         return [], "data parallel already fused"
     if cfg.device_target == "CPU" and cores < 2:
         return [], "one core: no room for a second process"
@@ -219,8 +218,8 @@ def _data_parallel(cfg: Config, verdict: str, cores: int) -> tuple[list[Candidat
         return [], f"batch_size={cfg.batch_size} does not split over 2 processes"
     return [Candidate("data_parallel_2", "data_parallel", {"parallel.data_parallel": 2},
                       f"two msrun processes each take half the global batch; on {cores} CPU cores they share the "
-                      f"cores a single process already uses, so it is tried last and expected to lose here "
-                      f"(the win needs a device per process)", time_factor=2.0, extra_s=15.0)], ""
+                      f"cores a single process already uses, so it is tried last (the win needs a device per "
+                      f"process)", time_factor=2.0, extra_s=15.0)], ""
 
 
 def family_order(diag: Diagnosis, cfg: Config) -> list[str]:

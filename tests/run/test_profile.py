@@ -57,3 +57,8 @@ def test_profiled_steps_stay_out_of_the_speed_figures(tmp_path, small_corpus):
     assert s["tokens_per_s"] == pytest.approx(1000 * sum(r["tokens"] for r in speed)
                                               / sum(r["step_time_ms"] for r in speed))
     assert s["step_time_ms"] == pytest.approx(float(np.median([r["step_time_ms"] for r in speed])))
+    # the overhead line's noise figure is this run's own spread, not a typed-in one
+    times = np.array([r["step_time_ms"] for r in speed])
+    p10, p90 = (np.percentile(times, q) / np.median(times) - 1 for q in (10, 90))
+    assert f"spread {p10:+.1%}/{p90:+.1%} (p10/p90)" in load_profile(out).overhead_note
+    assert "expect" not in proc.stdout

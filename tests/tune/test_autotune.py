@@ -93,3 +93,25 @@ def test_notebook_runs_the_tuner_and_shows_the_ledger(tmp_path, small_corpus):
     assert "Stopped: budget" in text and "no remaining candidate fits" in text and "image/png" in text
     wb = Workbook.open(tmp_path / "wb" / "studies" / "autotune")
     assert wb.rounds() == [] and wb.ledger()[-1]["decision"] == "stop"  # never started a round past the budget
+
+
+def test_candidate_reasons_carry_no_figures_measured_before_the_run(small_corpus):
+    """A ledger `why` may quote this workbook's own measurements (the diagnosis), never figures typed in from
+    earlier runs: no ms, tokens/s or % literal and no predicted verdict in any candidate's reason."""
+    import re
+    from helpers.config import with_changes
+    eager = naive_tiny(small_corpus)
+    configs = [eager, with_changes(eager, {"mode": "graph", "jit_level": "O0"}),
+               with_changes(eager, {"batch_size": 4, "grad_accum_steps": 2}),
+               with_changes(eager, {"parallel.data_parallel": 2, "batch_size": 4})]
+    literal = re.compile(r"\d[\d.,]*\s*(k\b|ms|tokens/s|%)|expect", re.IGNORECASE)
+    seen = 0
+    for cfg in configs:
+        for verdict in VERDICTS:
+            diag = Diagnosis(bottleneck=verdict, reasons=["test"], evidence={}, thresholds={}, next_rounds=[],
+                             findings=[verdict])
+            for keep in (False, True):
+                for cand in candidates(cfg, diag, cores=2, keep_global_batch=keep)[0]:
+                    assert not literal.search(cand.why), (cand.name, cand.why)
+                    seen += 1
+    assert seen > 50
