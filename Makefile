@@ -7,7 +7,26 @@ PARAMS ?=
 JS_DIR := $(VENV)/share/workbook-js
 JS_STAMP := $(JS_DIR)/.installed
 
-.PHONY: workbook test bench clean chromium
+.PHONY: workbook test bench clean chromium kernels
+
+# Native CPU kernels (MindSpore AOT custom ops, model.kernels=native|auto). x86-64-v3 = AVX2+FMA: vectorised on
+# any x86 CPU from about 2015 on, without tying the library to this machine's CPU as -march=native would.
+# sources.sha256 records what the library was built from; helpers/run/kernels.py refuses a stale one.
+# Without g++ this prints a note and goes on: model.kernels=auto (the default) then uses MindSpore's own ops.
+CXX          ?= g++
+NATIVE_SRC   := $(sort $(wildcard native/*.cc native/*.h))
+NATIVE_LIB   := native/build/libwbkernels.so
+NATIVE_FLAGS ?= -O3 -march=x86-64-v3 -fno-math-errno -fopenmp-simd -shared -fPIC -Wall -Wextra
+
+kernels: $(NATIVE_LIB)
+
+$(NATIVE_LIB): $(NATIVE_SRC) Makefile
+	@mkdir -p native/build
+	@if command -v $(CXX) >/dev/null; then \
+	  $(CXX) $(NATIVE_FLAGS) -o $@.tmp native/wb_kernels.cc && mv $@.tmp $@ && \
+	  cat $(NATIVE_SRC) | sha256sum > native/build/sources.sha256 && echo "built $@"; \
+	else echo "note: $(CXX) not found; native kernels not built (model.kernels=auto uses MindSpore's ops;" \
+	  "model.kernels=native fails until \`make kernels\` succeeds)"; fi
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,14 +49,14 @@ chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "note: could not install chromium; the browser test will be skipped"
 
-workbook: $(STAMP) $(JS_STAMP)
+workbook: $(STAMP) $(JS_STAMP) kernels
 	$(BIN)/python -m helpers workbook $(if $(PARAMS),--params $(PARAMS))
 
-bench: $(STAMP)
+bench: $(STAMP) kernels
 	$(BIN)/python bench/bench.py all
 
-test: $(STAMP) $(JS_STAMP) chromium
+test: $(STAMP) $(JS_STAMP) chromium kernels
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) reports runs
+	rm -rf $(VENV) reports runs native/build

@@ -52,6 +52,16 @@ class ModelConfig:
     dense_act: bool = _knob(False, "GELU inside the MLP's first Dense cell (Linear+activation as one Cell)")
     dropout: float = _knob(0.0, "dropout probability", ge=0.0, le=0.9)
     bias: bool = _knob(True, "bias in Dense and LayerNorm cells")
+    # Formulations: same math, different MindSpore ops (tests/run/test_kernels.py compares values and gradients).
+    norm_backward: str = _knob("manual", "LayerNorm backward: MindSpore's LayerNormGrad, or hand-written from "
+                                         "elementwise/reduce ops (same gradient, faster on CPU)",
+                               choices=["mindspore", "manual"])
+    gelu: str = _knob("erf_manual", "exact-erf GELU: nn.GELU(approximate=False) (mindspore), or erf arithmetic "
+                                    "with a hand-written backward (erf_manual; same values, faster on CPU)",
+                      choices=["mindspore", "erf_manual"])
+    kernels: str = _knob("auto", "LayerNorm, GELU and causal softmax as native C++ CPU kernels (native/, built by "
+                                 "`make kernels`), MindSpore's ops, or auto = native on CPU in fp32 when the "
+                                 "library is built and current, else mindspore", choices=["auto", "mindspore", "native"])
     build: str = _knob("", "your own network: 'pkg.module:function(cfg, vocab_size) -> nn.Cell'")
 
 
@@ -133,6 +143,9 @@ class Config:
     seed: int = _knob(1337, "seed for init, data order and dropout", ge=0)
     steady_after: int = _knob(5, "first steps (compile, warm-up) left out of steady-state statistics", ge=1)
     mode: str = _knob("graph", "MindSpore execution mode", choices=["graph", "pynative"])
+    grad_norm: str = _knob("flat", "how the global gradient norm is computed: a square-sum per tensor then AddN "
+                                   "(per_tensor), or one square-sum over all gradients flattened into one vector "
+                                   "(flat; same value, fewer ops)", choices=["per_tensor", "flat"])
     jit_level: str = _knob("O0", "graph compile level (graph mode; pynative wraps the step in ms.jit "
                                  "unless 'none')", choices=["none", "O0", "O1"])
     compile_cache: bool = _knob(False, "reuse compiled graphs across processes")
@@ -310,6 +323,12 @@ def _validate_parallel(cfg: Config, cores: int) -> None:
         return
     if cfg.batch_size % p.data_parallel:
         raise ConfigError(f"batch_size={cfg.batch_size} (the global batch) does not split evenly over "
+    if m.kernels == "native" and cfg.device_target != "CPU":
+        raise ConfigError(f"model.kernels=native is CPU code (native/*.cc) and cannot run on "
+                          f"device_target={cfg.device_target}; use model.kernels=mindspore or auto")
+    if m.kernels == "native" and cfg.amp_level != "O0":
+        raise ConfigError(f"model.kernels=native computes in fp32 only and amp_level={cfg.amp_level} casts to "
+                          f"{cfg.amp_dtype}; use model.kernels=mindspore or auto with AMP, or amp_level=O0")
                           f"parallel.data_parallel={p.data_parallel} processes; use a multiple of "
                           f"{p.data_parallel}, e.g. batch_size={max(1, cfg.batch_size // p.data_parallel) * p.data_parallel}")
     if cfg.device_target == "CPU" and p.data_parallel > cores:

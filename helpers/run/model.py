@@ -14,6 +14,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
 from helpers.config import Config, ModelConfig
+from helpers.run.kernels import native_ops, resolve_kernels
 
 
 class RMSNorm(nn.Cell):
@@ -31,10 +32,95 @@ class RMSNorm(nn.Cell):
         return x * self.rsqrt(var + self.eps) * self.weight.astype(x.dtype)
 
 
-def make_norm(cfg: ModelConfig) -> nn.Cell:
-    """LayerNorm (always with a bias in MindSpore) or RMSNorm."""
+class _LayerNormManualFn(nn.Cell):
+    """ops.LayerNorm forward with a hand-written backward (same math as LayerNormGrad).
+
+    MindSpore's CPU LayerNormGrad costs ≈ 1.5 ms per call on the nano shape; the same gradient as a dozen
+    elementwise/reduce ops costs well under half that (shared/mindspore-cpu-facts.md). Parameter-free, so the
+    bprop returns the parameters' gradients as ordinary input gradients.
+    """
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.layer_norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)
+        self.mean = ops.ReduceMean(keep_dims=True)
+        self.sum = ops.ReduceSum(keep_dims=False)
+        self.rsqrt = ops.Rsqrt()
+
+    def construct(self, x, gamma, beta):
+        return self.layer_norm(x, gamma, beta)[0]
+
+    def bprop(self, x, gamma, beta, out, dout):
+        _, mean, var = self.layer_norm(x, gamma, beta)  # CPU LayerNorm's 3rd output is the variance
+        rstd = self.rsqrt(var + self.eps)
+        xhat = (x - mean) * rstd
+        g = dout * gamma
+        dx = rstd * (g - self.mean(g, -1) - xhat * self.mean(g * xhat, -1))
+        rows = tuple(range(x.ndim - 1))
+        return dx, self.sum(dout * xhat, rows), self.sum(dout, rows)
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (same parameters, names and fp32 protection under AMP) computed by a chosen implementation:
+    `mindspore` (its own op), `manual` (hand-written backward) or `native` (the C++ kernels)."""
+
+    def __init__(self, dim: int, eps: float, impl: str):
+        super().__init__((dim,), epsilon=eps)
+        self.impl = impl
+        if impl == "manual":
+            self.fn = _LayerNormManualFn(eps)
+        elif impl == "native":
+            self.fn = native_ops()["layernorm"]
+            self.eps_t = Tensor(np.array([eps], np.float32))
+
+    def construct(self, x):
+        gamma, beta = self.gamma.astype(x.dtype), self.beta.astype(x.dtype)
+        if self.impl == "manual":
+            return self.fn(x, gamma, beta)
+        if self.impl == "native":
+            return self.fn(x, gamma, beta, self.eps_t)[0]
+        return self.layer_norm(x, gamma, beta)[0]
+
+
+class _GeluManualFn(nn.Cell):
+    """Exact GELU x·Φ(x) as erf arithmetic, with a hand-written backward Φ(x) + x·φ(x).
+
+    Same math as nn.GELU(approximate=False); its CPU GeLU/GeLUGrad kernels are far slower than Erf + a few
+    elementwise ops on the nano shape (measured: bench/bench.py speed).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.erf = ops.Erf()
+        self.exp = ops.Exp()
+
+    def construct(self, x):
+        return 0.5 * x * (1.0 + self.erf(x * 0.7071067811865476))
+
+    def bprop(self, x, out, dout):
+        cdf = 0.5 * (1.0 + self.erf(x * 0.7071067811865476))
+        pdf = self.exp(-0.5 * x * x) * 0.3989422804014327
+        return (dout * (cdf + x * pdf),)
+
+
+def make_gelu(cfg: ModelConfig, kernels: str) -> nn.Cell | object:
+    """The exact-erf GELU: the native kernel, the hand-written formulation, or nn.GELU(approximate=False)."""
+    if kernels == "native":
+        return native_ops()["gelu"]
+    if cfg.gelu == "erf_manual":
+        return _GeluManualFn()
+    return nn.GELU(approximate=False)
+
+
+def make_norm(cfg: ModelConfig, kernels: str = "mindspore") -> nn.Cell:
+    """LayerNorm (always with a bias in MindSpore; native kernels, hand-written or MindSpore backward) or RMSNorm."""
     if cfg.norm == "rmsnorm":
         return RMSNorm(cfg.d_model)
+    if kernels == "native":
+        return LayerNorm(cfg.d_model, 1e-5, "native")
+    if cfg.norm_backward == "manual":
+        return LayerNorm(cfg.d_model, 1e-5, "manual")
     return nn.LayerNorm((cfg.d_model,), epsilon=1e-5)
 
 
@@ -45,7 +131,7 @@ def _dense(d_in: int, d_out: int, bias: bool, std: float) -> nn.Dense:
 class CausalSelfAttention(nn.Cell):
     """Multi-head causal attention; q,k,v from one fused Dense split by ops.Split, or three Dense cells."""
 
-    def __init__(self, cfg: ModelConfig, proj_std: float):
+    def __init__(self, cfg: ModelConfig, proj_std: float, kernels: str = "mindspore"):
         super().__init__()
         d = cfg.d_model
         self.n_head, self.head_dim = cfg.n_head, d // cfg.n_head
@@ -62,10 +148,18 @@ class CausalSelfAttention(nn.Cell):
         self.transpose = ops.Transpose()
         self.reshape = ops.Reshape()
         self.scale = 1.0 / math.sqrt(self.head_dim)
+        # native: scale, causal mask and softmax in one kernel each way (no mask tensor, no Mul/Add/SoftmaxGrad)
+        self.causal_softmax = native_ops()["causal_softmax"] if kernels == "native" else None
+        self.scale_t = Tensor(np.array([self.scale], np.float32))
         # -1e4 (not -inf) stays finite in fp16 and still zeroes the masked softmax weights.
         mask = np.triu(np.full((cfg.seq_len, cfg.seq_len), -1e4, np.float32), k=1)
         self.mask = Tensor(mask[None, None])
         self.drop = nn.Dropout(p=cfg.dropout) if cfg.dropout > 0 else None
+        # flash (Ascend only, config-checked): ops.flash_attention_score with its causal mode sparse_mode=2, which
+        # takes the fixed 2048×2048 upper-triangle mask (1 = masked) whatever the sequence length
+        self.flash = cfg.attention == "flash"
+        if self.flash:
+            self.causal_2048 = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
 
     def _heads(self, t, b, s):
         return self.transpose(self.reshape(t, (b, s, self.n_head, self.head_dim)), (0, 2, 1, 3))
@@ -80,8 +174,15 @@ class CausalSelfAttention(nn.Cell):
         else:
             q, k, v = self.q(x), self.k(x), self.v(x)
         q, k, v = self._heads(q, b, s), self._heads(k, b, s), self._heads(v, b, s)
-        att = self.scores(q, k) * self.scale + self.mask.astype(q.dtype)
-        att = self.softmax(att).astype(v.dtype)
+        if self.flash:  # scale, causal mask, softmax and the value mix in one fused kernel
+            y = ops.flash_attention_score(q, k, v, self.n_head, attn_mask=self.causal_2048, scalar_value=self.scale,
+                                          input_layout="BNSD", sparse_mode=2)
+            return self.proj(self.reshape(self.transpose(y, (0, 2, 1, 3)), (b, s, d)))
+        if self.causal_softmax is not None:
+            att = self.causal_softmax(self.scores(q, k), self.scale_t)
+        else:
+            att = self.scores(q, k) * self.scale + self.mask.astype(q.dtype)
+            att = self.softmax(att).astype(v.dtype)
         if self.drop is not None:
             att = self.drop(att)
         y = self.transpose(self.mix(att, v), (0, 2, 1, 3))
@@ -91,7 +192,7 @@ class CausalSelfAttention(nn.Cell):
 class MLP(nn.Cell):
     """GELU (exact erf, as nanoGPT) or SwiGLU feed-forward."""
 
-    def __init__(self, cfg: ModelConfig, proj_std: float):
+    def __init__(self, cfg: ModelConfig, proj_std: float, kernels: str = "mindspore"):
         super().__init__()
         d = cfg.d_model
         self.swiglu = cfg.mlp == "swiglu"
@@ -103,12 +204,12 @@ class MLP(nn.Cell):
         elif cfg.dense_act:
             hidden = 4 * d
             self.up = nn.Dense(d, hidden, weight_init=Normal(0.02), bias_init="zeros", has_bias=cfg.bias,
-                               activation=nn.GELU(approximate=False))
+                               activation=make_gelu(cfg, kernels))
             self.act = None
         else:
             hidden = 4 * d
             self.up = _dense(d, hidden, cfg.bias, 0.02)
-            self.act = nn.GELU(approximate=False)
+            self.act = make_gelu(cfg, kernels)
         self.down = _dense(hidden, d, cfg.bias and not self.swiglu, proj_std)
         self.drop = nn.Dropout(p=cfg.dropout) if cfg.dropout > 0 else None
 
@@ -124,11 +225,11 @@ class MLP(nn.Cell):
 class Block(nn.Cell):
     """Pre-norm transformer block."""
 
-    def __init__(self, cfg: ModelConfig, proj_std: float):
+    def __init__(self, cfg: ModelConfig, proj_std: float, kernels: str = "mindspore"):
         super().__init__()
-        self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
-        self.attn = CausalSelfAttention(cfg, proj_std)
-        self.mlp = MLP(cfg, proj_std)
+        self.norm1, self.norm2 = make_norm(cfg, kernels), make_norm(cfg, kernels)
+        self.attn = CausalSelfAttention(cfg, proj_std, kernels)
+        self.mlp = MLP(cfg, proj_std, kernels)
 
     def construct(self, x):
         x = x + self.attn(self.norm1(x))
@@ -136,16 +237,21 @@ class Block(nn.Cell):
 
 
 class GPT(nn.Cell):
-    """Token ids [B, T] int32 → logits [B*T, vocab]; lm_head tied to the token embedding (as nanoGPT)."""
+    """Token ids [B, T] int32 → logits [B*T, vocab]; lm_head tied to the token embedding (as nanoGPT).
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    `kernels` is the resolved choice ('mindspore' or 'native'; see kernels.resolve_kernels); None takes
+    cfg.kernels, with 'auto' meaning MindSpore's ops (only a full Config knows device and precision).
+    """
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, kernels: str | None = None):
         super().__init__()
+        kernels = kernels or ("native" if cfg.kernels == "native" else "mindspore")
         self.vocab_size, self.d_model = vocab_size, cfg.d_model
         self.tok = nn.Embedding(vocab_size, cfg.d_model, embedding_table=Normal(0.02))
         self.pos = Parameter(initializer(Normal(0.02), (1, cfg.seq_len, cfg.d_model), ms.float32), name="pos")
         proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
-        self.blocks = nn.CellList([Block(cfg, proj_std) for _ in range(cfg.n_layer)])
-        self.norm = make_norm(cfg)
+        self.blocks = nn.CellList([Block(cfg, proj_std, kernels) for _ in range(cfg.n_layer)])
+        self.norm = make_norm(cfg, kernels)
         self.head = ops.MatMul(transpose_b=True)
         self.reshape = ops.Reshape()
         self.drop = nn.Dropout(p=cfg.dropout) if cfg.dropout > 0 else None
@@ -186,7 +292,7 @@ def build_model(cfg: Config, vocab_size: int) -> nn.Cell:
             raise ValueError(f"model.build={cfg.model.build!r} cannot be imported ({exc}); "
                              f"check the module is on PYTHONPATH and defines {func_name}") from None
         return builder(cfg.model, vocab_size)
-    return GPT(cfg.model, vocab_size)
+    return GPT(cfg.model, vocab_size, resolve_kernels(cfg))
 
 
 def count_params(net: nn.Cell) -> int:

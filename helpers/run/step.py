@@ -11,6 +11,7 @@ from mindspore import Parameter, Tensor, amp, nn, ops
 from mindspore.ops import composite as C
 
 _square_sum = ops.MultitypeFuncGraph("square_sum")
+_flatten = ops.MultitypeFuncGraph("flatten")
 _scale_grad = ops.MultitypeFuncGraph("scale_grad")
 _accumulate = ops.MultitypeFuncGraph("accumulate")
 _reset = ops.MultitypeFuncGraph("reset")
@@ -19,6 +20,11 @@ _reset = ops.MultitypeFuncGraph("reset")
 @_square_sum.register("Tensor")
 def _square_sum_tensor(g):
     return ops.ReduceSum()(ops.Square()(g.astype(ms.float32)))
+
+
+@_flatten.register("Tensor")
+def _flatten_tensor(g):
+    return ops.reshape(g.astype(ms.float32), (-1,))
 
 
 @_scale_grad.register("Tensor", "Tensor")
@@ -48,8 +54,12 @@ class _Update(nn.Cell):
     """Shared update: unscale → finite check → global norm → clip → AdamW (skipped on overflow)."""
 
     def __init__(self, optimizer: nn.Optimizer, max_grad_norm: float, loss_scale: str,
-                 scale_value: float, scale_window: int):
+                 scale_value: float, scale_window: int, grad_norm: str = "per_tensor"):
         super().__init__(auto_prefix=False)
+        # flat: one Concat + one square-sum over every gradient instead of a Square+ReduceSum per tensor and an
+        # AddN (the same norm up to fp32 summation order; fewer small ops, each ~0.07-0.1 ms on CPU)
+        self.flat_norm = grad_norm == "flat"
+        self.concat = ops.Concat()
         self.optimizer = optimizer
         self.hyper_map = C.HyperMap()
         self.max_grad_norm = max_grad_norm
@@ -77,7 +87,11 @@ class _Update(nn.Cell):
         grads = self.reducer(grads)
         grads = self.scaler.unscale(grads)
         finite = amp.all_finite(grads) if self.check_finite else Tensor(True)
-        norm = self.sqrt(self.addn(self.hyper_map(_square_sum, grads)))
+        if self.flat_norm:
+            flat = self.concat(self.hyper_map(_flatten, grads))
+            norm = self.sqrt(ops.ReduceSum()(flat * flat))
+        else:
+            norm = self.sqrt(self.addn(self.hyper_map(_square_sum, grads)))
         if self.max_grad_norm > 0:
             factor = ops.minimum(self.max_grad_norm / (norm + 1e-6), 1.0)
             grads = self.hyper_map(ops.partial(_scale_grad, factor), grads)
@@ -163,8 +177,8 @@ class Stepper:
     """Runs one optimizer step over `accum` micro-batches, whichever Cells that takes."""
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, max_grad_norm: float, loss_scale: str,
-                 scale_value: float, scale_window: int, accum_steps: int):
-        update = _Update(optimizer, max_grad_norm, loss_scale, scale_value, scale_window)
+                 scale_value: float, scale_window: int, accum_steps: int, grad_norm: str = "per_tensor"):
+        update = _Update(optimizer, max_grad_norm, loss_scale, scale_value, scale_window, grad_norm)
         self.accum_steps = accum_steps
         if accum_steps == 1:
             self.train_step = TrainStep(loss_net, update)

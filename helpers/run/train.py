@@ -150,7 +150,7 @@ class Trainer:
         optimizer = make_optimizer(backbone, [lr_at(cfg, s) for s in range(1, cfg.steps + 1)],
                                    cfg.weight_decay, cfg.betas, cfg.eps)
         self.stepper = Stepper(self.loss_net, optimizer, effective_max_grad_norm(cfg), cfg.loss_scale,
-                               cfg.loss_scale_value, cfg.loss_scale_window, cfg.grad_accum_steps)
+                               cfg.loss_scale_value, cfg.loss_scale_window, cfg.grad_accum_steps, cfg.grad_norm)
         self.hooks = RunHooks(cfg, self.run_dir, optimizer)
         # On a device the per-step figure is MindSpore's allocator peak; on CPU its counters are always 0.
         self.device_memory = DeviceMemory(cfg.device_target) if cfg.device_target != "CPU" else None
