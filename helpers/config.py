@@ -63,6 +63,9 @@ class ModelConfig:
                                  "`make kernels`), MindSpore's ops, or auto = native on CPU in fp32 when the "
                                  "library is built and current, else mindspore", choices=["auto", "mindspore", "native"])
     build: str = _knob("", "your own network: 'pkg.module:function(cfg, vocab_size) -> nn.Cell'")
+    attention: str = _knob("manual", "attention: BatchMatMul + mask + Softmax (manual), or the fused "
+                                     "ops.flash_attention_score (flash; Ascend only, fp16/bf16 AMP, head size a "
+                                     "multiple of 16)", choices=["manual", "flash"])
 
 
 @dataclass
@@ -82,6 +85,8 @@ class DataConfig:
     shuffle_buffer: int = _knob(4096, "shuffle buffer in samples", ge=1)
     prefetch: int = _knob(16, "pipeline prefetch size in batches", ge=1)
     source_delay_ms: float = _knob(0.0, "sleep per sample in the source: simulates slow storage", ge=0.0)
+    autotune: bool = _knob(False, "MindSpore's dataset autotune (ds.config.set_enable_autotune): it tunes the "
+                                  "pipeline's workers and prefetch while the run trains")
 
 
 @dataclass
@@ -138,16 +143,21 @@ class Config:
     betas: list[float] = _knob(None, "AdamW betas [beta1, beta2]", default_factory=lambda: [0.9, 0.99])
     eps: float = _knob(1e-8, "AdamW epsilon", gt=0.0)
     max_grad_norm: float = _knob(1.0, "clip the global gradient norm to this; 0 = no clipping", ge=0.0)
+    grad_norm: str = _knob("flat", "how the global gradient norm is computed: a square-sum per tensor then AddN "
+                                   "(per_tensor), or one square-sum over all gradients flattened into one vector "
+                                   "(flat; same value, fewer ops)", choices=["per_tensor", "flat"])
     eval_every: int = _knob(100, "steps between validation passes; 0 = only at the end", ge=0)
     eval_batches: int = _knob(20, "validation batches per pass", ge=1)
     seed: int = _knob(1337, "seed for init, data order and dropout", ge=0)
     steady_after: int = _knob(5, "first steps (compile, warm-up) left out of steady-state statistics", ge=1)
     mode: str = _knob("graph", "MindSpore execution mode", choices=["graph", "pynative"])
-    grad_norm: str = _knob("flat", "how the global gradient norm is computed: a square-sum per tensor then AddN "
-                                   "(per_tensor), or one square-sum over all gradients flattened into one vector "
-                                   "(flat; same value, fewer ops)", choices=["per_tensor", "flat"])
     jit_level: str = _knob("O0", "graph compile level (graph mode; pynative wraps the step in ms.jit "
-                                 "unless 'none')", choices=["none", "O0", "O1"])
+                                 "unless 'none'); O2 = whole-graph sinking, Ascend only",
+                           choices=["none", "O0", "O1", "O2"])
+    memory_optimize: str = _knob("O0", "device memory pool level (ms.runtime.set_memory(optimize_level=…)): O0 "
+                                       "favours speed, O1 reuses memory harder (Ascend only)", choices=["O0", "O1"])
+    dataset_sink: bool = _knob(False, "sink mode: the device pulls batches itself (ms.data_sink), one per step "
+                                      "(Ascend/GPU only; data_wait_ms is then not measured)")
     compile_cache: bool = _knob(False, "reuse compiled graphs across processes")
     compile_cache_path: str = _knob("", "compile cache folder; '' = data/cache/compile")
     amp_level: str = _knob("O0", "mixed precision level", choices=["O0", "O1", "O2", "O3"])
@@ -302,6 +312,7 @@ def validate(cfg: Config) -> Config:
     if not cfg.data.corpus:
         raise ConfigError("data.corpus is empty; name 'tinyshakespeare' or give text file paths")
     _validate_parallel(cfg, cores)
+    _validate_device_levers(cfg)
     for cb in cfg.monitor.callbacks:
         if ":" not in cb:
             raise ConfigError(f"monitor.callbacks item {cb!r} must look like 'package.module:factory'")
@@ -312,9 +323,48 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"the profile window (steps {first}..{first + mon.profile_steps - 1}) ends after "
                               f"steps={cfg.steps}; raise steps to >= {first + mon.profile_steps - 1} (more leaves "
                               f"unprofiled steps to measure the profiler's overhead) or lower monitor.profile_steps")
+    if m.kernels == "native" and cfg.device_target != "CPU":
+        raise ConfigError(f"model.kernels=native is CPU code (native/*.cc) and cannot run on "
+                          f"device_target={cfg.device_target}; use model.kernels=mindspore or auto")
+    if m.kernels == "native" and cfg.amp_level != "O0":
+        raise ConfigError(f"model.kernels=native computes in fp32 only and amp_level={cfg.amp_level} casts to "
+                          f"{cfg.amp_dtype}; use model.kernels=mindspore or auto with AMP, or amp_level=O0")
     if m.build and ":" not in m.build:
         raise ConfigError(f"model.build={m.build!r} must look like 'package.module:function'")
     return cfg
+
+
+# Levers that act only on a device: (is it set, the setting, what runs elsewhere, devices, what happens elsewhere).
+def _device_levers(cfg: Config) -> list[tuple[bool, str, str, tuple[str, ...], str]]:
+    return [
+        (cfg.jit_level == "O2", "jit_level=O2", "jit_level=O1", ("Ascend",), "MindSpore accepts only O0/O1 elsewhere"),
+        (cfg.memory_optimize != "O0", f"memory_optimize={cfg.memory_optimize}", "memory_optimize=O0", ("Ascend",),
+         "the memory-optimize level is an Ascend memory-pool setting"),
+        (cfg.dataset_sink, "dataset_sink=true", "dataset_sink=false", ("Ascend", "GPU"),
+         "ms.data_sink supports Ascend/GPU; on CPU MindSpore ignores sink mode silently"),
+        (cfg.model.attention == "flash", "model.attention=flash", "model.attention=manual", ("Ascend",),
+         "ops.flash_attention_score has Ascend kernels only"),
+    ]
+
+
+def _validate_device_levers(cfg: Config) -> None:
+    """Refuse a device-only lever on the wrong device, and the combinations a lever cannot run with."""
+    for on, setting, fallback, devices, why in _device_levers(cfg):
+        if on and cfg.device_target not in devices:
+            raise ConfigError(f"{setting} needs device_target={' or '.join(devices)} ({why}); this config runs on "
+                              f"{cfg.device_target}: use {fallback} or device_target={devices[0]}")
+    if cfg.dataset_sink and cfg.grad_accum_steps > 1:
+        raise ConfigError(f"dataset_sink=true feeds one batch per step call and cannot accumulate "
+                          f"grad_accum_steps={cfg.grad_accum_steps} micro-batches; use grad_accum_steps=1")
+    m = cfg.model
+    if m.attention == "flash":
+        if cfg.amp_level == "O0":
+            raise ConfigError("model.attention=flash computes in fp16/bf16 only (ops.flash_attention_score); set "
+                              "amp_level=O1 or O2 (amp_dtype fp16 or bf16) or model.attention=manual")
+        if (m.d_model // m.n_head) % 16 or m.dropout > 0:
+            raise ConfigError(f"model.attention=flash needs a head size that is a multiple of 16 (d_model/n_head = "
+                              f"{m.d_model // m.n_head}) and model.dropout=0 (got {m.dropout}); change the dims or "
+                              f"use model.attention=manual")
 
 
 def _validate_parallel(cfg: Config, cores: int) -> None:
@@ -323,12 +373,6 @@ def _validate_parallel(cfg: Config, cores: int) -> None:
         return
     if cfg.batch_size % p.data_parallel:
         raise ConfigError(f"batch_size={cfg.batch_size} (the global batch) does not split evenly over "
-    if m.kernels == "native" and cfg.device_target != "CPU":
-        raise ConfigError(f"model.kernels=native is CPU code (native/*.cc) and cannot run on "
-                          f"device_target={cfg.device_target}; use model.kernels=mindspore or auto")
-    if m.kernels == "native" and cfg.amp_level != "O0":
-        raise ConfigError(f"model.kernels=native computes in fp32 only and amp_level={cfg.amp_level} casts to "
-                          f"{cfg.amp_dtype}; use model.kernels=mindspore or auto with AMP, or amp_level=O0")
                           f"parallel.data_parallel={p.data_parallel} processes; use a multiple of "
                           f"{p.data_parallel}, e.g. batch_size={max(1, cfg.batch_size // p.data_parallel) * p.data_parallel}")
     if cfg.device_target == "CPU" and p.data_parallel > cores:

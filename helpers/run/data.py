@@ -434,6 +434,9 @@ def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, shard: tup
     count = window_count(len(prep.train_tokens), seq_len)
     ds.config.set_seed(cfg.seed)
     ds.config.set_prefetch_size(data.prefetch)
+    # MindSpore's own tuner: it changes workers and prefetch of this pipeline while it runs (global, so set
+    # either way: a previous pipeline in this process must not leave it on)
+    ds.config.set_enable_autotune(data.autotune)
     # Epochs are laid end to end in the source rather than by .repeat + .take: take() makes MindSpore
     # drain (read, map) the rest of the epoch before the iterator ends.
     # shuffle=False: GeneratorDataset shuffles random-access sources by default, which would bypass `order`.

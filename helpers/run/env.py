@@ -74,18 +74,32 @@ def _machine_key(device_target: str, dtype: str, threads: int) -> str:
                      str(threads or "default"), ms_version])
 
 
+PEAK_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # config name → MindSpore dtype name
+
+
+def peak_dtype(dtype: str):
+    """The MindSpore dtype a peak for `dtype` (fp32 or any amp_dtype: fp16, bf16) is measured in."""
+    import mindspore as ms
+    if dtype not in PEAK_DTYPES:
+        raise ValueError(f"no matmul peak for dtype {dtype!r}; choose one of {', '.join(PEAK_DTYPES)}")
+    return getattr(ms, PEAK_DTYPES[dtype])
+
+
 def measure_peak_flops(dtype: str = "fp32", n: int = 1024, repeats: int = 8) -> float:
     """Matmul FLOP/s on the current MindSpore device: the best of `repeats` timed n×n×n matmuls (a peak:
     other load on a shared machine can only slow a repeat down, so the median would understate it)."""
     import numpy as np
-    import mindspore as ms
     from mindspore import Tensor, ops
 
-    ms_dtype = {"fp32": ms.float32, "fp16": ms.float16}[dtype]
+    ms_dtype = peak_dtype(dtype)
     a = Tensor(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)).astype(ms_dtype)
     b = Tensor(np.random.default_rng(1).standard_normal((n, n)).astype(np.float32)).astype(ms_dtype)
     matmul = ops.MatMul()
-    matmul(a, b).asnumpy()  # warm-up: kernel selection and allocation
+    try:
+        matmul(a, b).asnumpy()  # warm-up: kernel selection and allocation
+    except TypeError as exc:  # the device has no MatMul kernel for this dtype (bf16 on CPU)
+        raise RuntimeError(f"no {dtype} matmul on this device, so no {dtype} peak to measure "
+                           f"({str(exc).splitlines()[0]}); measure it on a device that runs {dtype}") from None
     rates = []
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -54,6 +54,8 @@ def configure_mindspore(cfg: Config) -> None:
         ms.set_context(enable_compile_cache=True, compile_cache_path=str(cache))
     if cfg.threads and cfg.device_target == "CPU":
         ms.device_context.cpu.op_tuning.threads_num(cfg.threads)
+    if cfg.memory_optimize != "O0":  # Ascend only (config refuses it elsewhere); before the memory pool is made
+        ms.runtime.set_memory(optimize_level=cfg.memory_optimize)
     ms.set_seed(cfg.seed)
     np.random.seed(cfg.seed)
 
@@ -232,6 +234,9 @@ class Trainer:
     def _one_step(self, batches) -> tuple[float, float, bool, float, float]:
         """Run one optimizer step; returns (loss, grad_norm, finite, loss_scale, data_wait_ms)."""
         import mindspore as ms
+        if self.cfg.dataset_sink:  # `batches` is ms.data_sink's step: the device takes its own batch, so the
+            loss, norm, finite, scale = batches()  # wait for it is inside the step and not measured (None)
+            return float(loss.asnumpy()), float(norm.asnumpy()), bool(finite.asnumpy()), float(scale.asnumpy()), None
         wait = 0.0
         losses = []
         for i in range(self.cfg.grad_accum_steps):
@@ -302,8 +307,12 @@ class Trainer:
     def _loop(self, start: int) -> Outcome:
         cfg = self.cfg
         tokens = cfg.batch_size * cfg.grad_accum_steps * cfg.model.seq_len
-        batches = iter(self._train_dataset((start - 1) * cfg.grad_accum_steps)
-                       .create_tuple_iterator(num_epochs=1, output_numpy=True))
+        dataset = self._train_dataset((start - 1) * cfg.grad_accum_steps)
+        if cfg.dataset_sink:  # Ascend/GPU only (config refuses it elsewhere): one sunk batch per step call
+            import mindspore as ms
+            batches = ms.data_sink(self.calls[0], dataset, sink_size=1)
+        else:
+            batches = iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True))
         ema = Ema()
         for row in self.writer.rows:
             ema.update(row["loss"])

@@ -129,11 +129,29 @@ def _execution(cfg: Config) -> list[Candidate]:
                                  time_factor=0.75,
                                  extra_s=COMPILE_ALLOWANCE_S))
         return out
-    if cfg.jit_level != "O1":
-        return [Candidate("jit_O1", "execution", {"jit_level": "O1"},
-                          "jit_level O1 adds MindSpore's graph-level fusion passes over O0; costs a longer "
-                          "compile", time_factor=1.2)]
-    return []
+    out = []
+    if cfg.jit_level not in ("O1", "O2"):
+        out.append(Candidate("jit_O1", "execution", {"jit_level": "O1"},
+                             "jit_level O1 adds MindSpore's graph-level fusion passes over O0; costs a longer "
+                             "compile", time_factor=1.2))
+    return out + _ascend_execution(cfg)
+
+
+def _ascend_execution(cfg: Config) -> list[Candidate]:
+    """Ascend-only levers of the step itself (the config refuses them on CPU/GPU)."""
+    if cfg.device_target != "Ascend":
+        return []
+    out = []
+    if cfg.jit_level != "O2":
+        out.append(Candidate("jit_O2", "execution", {"jit_level": "O2"},
+                             "jit_level O2 sinks the whole graph to the device (GE), removing per-kernel host "
+                             "launches; the longest compile", time_factor=1.2, extra_s=2 * COMPILE_ALLOWANCE_S))
+    m = cfg.model
+    if m.attention != "flash" and cfg.amp_level != "O0" and not (m.d_model // m.n_head) % 16 and m.dropout == 0:
+        out.append(Candidate("flash_attention", "execution", {"model.attention": "flash"},
+                             "ops.flash_attention_score fuses scale, causal mask, softmax and the value mix into "
+                             "one kernel and never stores the seq×seq scores", time_factor=1.2))
+    return out
 
 
 def _batch(cfg: Config, verdict: str, keep_global_batch: bool) -> tuple[list[Candidate], str]:
@@ -166,6 +184,14 @@ def _data(cfg: Config, diag: Diagnosis, cores: int) -> list[Candidate]:
         out.append(Candidate(f"data_workers_{cores}", "data", {"data.num_parallel_workers": cores},
                              f"{seen}; more map workers prepare batches in parallel (one per core at most)",
                              time_factor=1.1))
+    if not cfg.data.autotune:
+        out.append(Candidate("data_autotune", "data", {"data.autotune": True},
+                             f"{seen}; MindSpore's dataset autotune sets workers and prefetch itself while the run "
+                             f"trains, next to the hand-set workers", time_factor=1.1))
+    if cfg.device_target in ("Ascend", "GPU") and not cfg.dataset_sink and cfg.grad_accum_steps == 1:
+        out.append(Candidate("dataset_sink", "data", {"dataset_sink": True},
+                             f"{seen}; sink mode lets the device pull its batches, taking the host out of each "
+                             f"step's input", time_factor=1.1))
     other = "map_first" if cfg.data.order == "shuffle_first" else "shuffle_first"
     out.append(Candidate(f"data_order_{other}", "data", {"data.order": other},
                          f"{seen}; order {other} changes where the shuffle buffer sits in the pipeline",
@@ -196,12 +222,16 @@ def _amp(cfg: Config) -> list[Candidate]:
 
 
 def _recompute(cfg: Config, verdict: str) -> list[Candidate]:
-    if cfg.recompute != "none":
-        return []
     why = ("memory-bound: recomputing each block's activations in backward trades time for memory"
            if verdict == "memory-bound" else
            "recompute trades time for activation memory; worth it only when memory limits the batch")
-    return [Candidate("recompute_blocks", "recompute", {"recompute": "blocks"}, why, time_factor=1.5)]
+    out = ([Candidate("recompute_blocks", "recompute", {"recompute": "blocks"}, why, time_factor=1.5)]
+           if cfg.recompute == "none" else [])
+    if cfg.device_target == "Ascend" and cfg.memory_optimize == "O0":
+        out.append(Candidate("memory_optimize_O1", "recompute", {"memory_optimize": "O1"},
+                             "ms.runtime.set_memory(optimize_level='O1') reuses device memory harder (memory over "
+                             "speed); judged like recompute", time_factor=1.2))
+    return out
 
 
 def _data_parallel(cfg: Config, verdict: str, cores: int) -> tuple[list[Candidate], str]:
