@@ -117,7 +117,7 @@ def cmd_show(args) -> int:
 def cmd_workbook(args) -> int:
     from helpers.book.notebooks import WorkbookError, run_workbook
     try:
-        results = run_workbook(args.params, args.out, args.notebooks)
+        results = run_workbook(args.params, args.out, args.notebooks, timeout_s=args.notebook_timeout)
     except WorkbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -207,11 +207,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("run_dir")
     s.set_defaults(func=cmd_show)
 
+    from helpers.book.notebooks import NOTEBOOK_TIMEOUT_S
     from helpers.paths import NOTEBOOKS_DIR
     w = sub.add_parser("workbook", help="run every notebook headless → executed copies, HTML, index.html")
     w.add_argument("--params", help="YAML mapping of notebook parameters (papermill -f)")
     w.add_argument("--out", help="report folder (default reports/<timestamp>; a 'latest' link goes next to it)")
     w.add_argument("--notebooks", default=str(NOTEBOOKS_DIR), help="folder of NN_*.ipynb notebooks")
+    w.add_argument("--notebook-timeout", type=float, default=NOTEBOOK_TIMEOUT_S, metavar="S",
+                   help=f"wall seconds one notebook may run before it is stopped and marked failed "
+                        f"(default {NOTEBOOK_TIMEOUT_S:g})")
     w.set_defaults(func=cmd_workbook)
 
     pf = sub.add_parser("profile", help="train with a profiler window; print the top operators and overhead")

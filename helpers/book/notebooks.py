@@ -27,6 +27,10 @@ from helpers.spawn.runner import child_env
 # Offline widget rendering: local copies of require.js and the widget HTML manager (`make widgets-js`).
 WIDGETS_JS_DIR = Path(sys.prefix) / "share" / "workbook-js"
 FAILED_PARAM = "failed_notebooks"  # a notebook declaring it gets {name: error line} of earlier failures
+# Wall seconds one notebook may run before its cell is stopped and it is marked failed: without a limit a hung cell
+# (an msrun whose rank never returns) stalls `make workbook` until CI kills it. The slowest default notebook takes
+# minutes, several times that under load.
+NOTEBOOK_TIMEOUT_S = 1200.0
 
 
 class WorkbookError(ValueError):
@@ -163,26 +167,38 @@ def kernel_env():
         os.environ.update(saved)
 
 
-def execute(src: Path, dst: Path, params: dict[str, Any], kernel: str = "python3") -> tuple[str, str]:
-    """Run one notebook with papermill (cwd = its folder); returns (status, error line)."""
+def execute(src: Path, dst: Path, params: dict[str, Any], kernel: str = "python3",
+            timeout_s: float = NOTEBOOK_TIMEOUT_S) -> tuple[str, str]:
+    """Run one notebook with papermill (cwd = its folder); returns (status, error line).
+
+    timeout_s: wall seconds for the whole notebook; each cell may run for what is left of them, then it is stopped,
+    the kernel (and what it started) is shut down, and the notebook fails with one line naming the cell.
+    """
     import papermill as pm
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+    deadline = time.monotonic() + timeout_s
     try:
         pm.execute_notebook(str(src), str(dst), parameters=params, kernel_name=kernel, cwd=str(src.parent),
-                            progress_bar=False, log_output=False)
+                            progress_bar=False, log_output=False,
+                            timeout_func=lambda cell: max(1.0, deadline - time.monotonic()))
     except pm.PapermillExecutionError as exc:
         return "failed", f"{exc.ename}: {str(exc.evalue).splitlines()[0] if exc.evalue else ''}"
+    except CellTimeoutError:
+        return "failed", mark_stopped_cell(dst, f"NotebookTimeout: the notebook ran past its {timeout_s:g} s limit "
+                                                f"(--notebook-timeout)", "it was stopped and its kernel shut down")
     except Exception as exc:  # kernel death, bad notebook JSON: still a failed notebook, not a failed run
-        from nbclient.exceptions import DeadKernelError
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        return "failed", mark_dead_kernel(dst, error) if isinstance(exc, DeadKernelError) else error
+        return "failed", mark_stopped_cell(dst, error, "the kernel process was killed: a signal or out of "
+                                                       "memory?") if isinstance(exc, DeadKernelError) else error
     return "ok", ""
 
 
-def mark_dead_kernel(ipynb: Path, error: str) -> str:
-    """Put a dead kernel's error on the cell it died in (the last one papermill started); returns the error line.
+def mark_stopped_cell(ipynb: Path, error: str, why: str) -> str:
+    """Put the error of a notebook that stopped mid-cell (its kernel died, or it ran out of time) on the cell it
+    stopped in (the last one papermill started); returns the error line, naming the cell and `why`.
 
     papermill keeps the executed copy but records no error in it when the kernel process is killed
-    (a signal, or the OOM killer), so without this the copy looks as if its cells just stopped.
+    (a signal, or the OOM killer) or a cell times out, so without this the copy looks as if its cells just stopped.
     """
     import nbformat
     try:
@@ -193,10 +209,9 @@ def mark_dead_kernel(ipynb: Path, error: str) -> str:
                if c.cell_type == "code" and c.metadata.get("papermill", {}).get("start_time")]
     if not started:
         return error
-    error = (f"{error} while running cell {started[-1] + 1} (the kernel process was killed: a signal or out of "
-             f"memory?); the executed copy shows the cell")
+    error = f"{error} while running cell {started[-1] + 1} ({why}); the executed copy shows the cell"
     cell = nb.cells[started[-1]]
-    cell.outputs.append(nbformat.v4.new_output("error", ename="DeadKernelError", evalue=error, traceback=[error]))
+    cell.outputs.append(nbformat.v4.new_output("error", ename=error.split(":")[0], evalue=error, traceback=[error]))
     cell.metadata["papermill"]["exception"] = True
     nbformat.write(nb, str(ipynb))
     return error
@@ -258,12 +273,14 @@ def point_latest(out: Path) -> Path:
 
 def run_workbook(params_file: str | os.PathLike | None = None, out: str | os.PathLike | None = None,
                  notebooks_dir: str | os.PathLike = NOTEBOOKS_DIR, kernel: str = "python3",
-                 log: Callable[[str], None] = print) -> list[NotebookResult]:
+                 log: Callable[[str], None] = print, timeout_s: float = NOTEBOOK_TIMEOUT_S) -> list[NotebookResult]:
     """Run every notebook in order into `out` (default reports/<timestamp>); write HTML and index.html.
 
     Parameters are checked against the notebooks' defaults before anything runs; each notebook gets the
-    ones it declares, plus workbook_dir = <out>/workbook.
+    ones it declares, plus workbook_dir = <out>/workbook. timeout_s: wall seconds per notebook (`execute`).
     """
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise WorkbookError(f"notebook timeout {timeout_s!r} must be a positive number of seconds, e.g. 1200")
     notebooks = discover(Path(notebooks_dir))
     defaults = {nb.stem: notebook_parameters(nb) for nb in notebooks}
     given = load_params(params_file)
@@ -287,7 +304,7 @@ def run_workbook(params_file: str | os.PathLike | None = None, out: str | os.Pat
             dst = out / nb.name
             t0 = time.perf_counter()
             with kernel_env():
-                status, error = execute(nb, dst, params, kernel)
+                status, error = execute(nb, dst, params, kernel, timeout_s)
             seconds = time.perf_counter() - t0
             page = to_html(dst, html_options)
             results.append(NotebookResult(nb.stem, status, seconds, error, dst, page))

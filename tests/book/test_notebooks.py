@@ -112,6 +112,33 @@ def test_a_failing_notebook_keeps_its_copy_and_the_run_goes_on(tmp_path):
     assert (out.parent / "latest").resolve() == out.resolve()
 
 
+def test_a_hung_notebook_is_stopped_at_its_timeout_and_the_run_goes_on(tmp_path):
+    import time
+
+    import psutil
+    books = tmp_path / "notebooks"
+    books.mkdir()
+    # a cell waiting on a child that never returns, as a hung msrun would
+    _notebook(books / "00_hang.ipynb", "print('started')", "import subprocess\nsubprocess.run(['sleep', '613.25'])")
+    _notebook(books / "01_after.ipynb", "print('after ran')")
+    t0 = time.monotonic()
+    results = run_workbook(None, tmp_path / "report", books, log=lambda _: None, timeout_s=8)
+    assert time.monotonic() - t0 < 120  # stopped, not waited out (the sleep is 613 s)
+
+    assert [(r.name, r.status) for r in results] == [("00_hang", "failed"), ("01_after", "ok")]
+    assert results[0].error == ("NotebookTimeout: the notebook ran past its 8 s limit (--notebook-timeout) while "
+                                "running cell 2 (it was stopped and its kernel shut down); the executed copy shows "
+                                "the cell")
+    hung = nbformat.read(str(tmp_path / "report" / "00_hang.ipynb"), as_version=4)
+    assert [o.evalue for o in hung.cells[1].outputs if o.output_type == "error"][-1] == results[0].error
+    index = (tmp_path / "report" / "index.html").read_text()
+    assert '<tr class="failed"><td>00_hang</td><td>failed</td>' in index and "NotebookTimeout: " in index
+    left = [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[-1:] == ["613.25"]]
+    assert left == [], "the hung cell's child outlived its kernel"
+    with pytest.raises(WorkbookError, match="must be a positive number of seconds"):
+        run_workbook(None, tmp_path / "r2", books, timeout_s=0)
+
+
 @pytest.mark.slow
 def test_workbook_runs_every_notebook_into_a_report(tmp_path, small_corpus):
     books = tmp_path / "notebooks"  # this workbook's notebooks; others (10_data_parallel) test their own
