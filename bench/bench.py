@@ -24,6 +24,7 @@ from helpers.config import dump, load_config, with_changes  # noqa: E402
 from helpers.record import atomic_write_json, load_run  # noqa: E402
 from helpers.spawn.runner import child_env  # noqa: E402
 from noise_items import item_aa, item_clock, noise_rows  # noqa: E402  (bench/ is sys.path[0])
+from speed_item import interleaved_steps, item_speed, speed_rows  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 # "must" limits: `make bench` exits 1 when an item measured in that invocation misses one. Goals are only reported.
@@ -208,13 +209,14 @@ def table(results: dict) -> str:
         r = results["workbook"]
         lines.append(f"| `make workbook` wall time | {r['wall_s']:.0f} s (exit {r['returncode']}) | exit 0, ≤ {WORKBOOK_LIMIT_S} s |")
     lines += noise_rows(results)
+    lines += speed_rows(results)
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("item", choices=["all", "overhead", "mfu", "parity", "workbook", "aa", "clock", "bare",
-                                    "monitored"])
+                                    "monitored", "speed", "speedarms"])
     p.add_argument("args", nargs="*")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=120)
@@ -222,15 +224,20 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=20, help="A/A checks (aa item)")
     p.add_argument("--results", type=Path, default=RESULTS, help="folder for <item>.json and README.md")
     p.add_argument("--preset", default="tiny", help="model preset of the aa and clock items")
+    p.add_argument("--speed-steps", type=int, default=20, help="steps per arm per round (speed item)")
     a = p.parse_args()
+    if a.item == "speedarms":
+        print(json.dumps(interleaved_steps(a.args[0])))
+        return 0
     if a.item in ("bare", "monitored"):
         print((bare_loop if a.item == "bare" else monitored_loop)(a.args[0], int(a.args[1]), int(a.args[2])))
         return 0
     a.results.mkdir(parents=True, exist_ok=True)
-    items = ["overhead", "mfu", "parity", "workbook", "aa", "clock"] if a.item == "all" else [a.item]
+    items = ["overhead", "mfu", "parity", "workbook", "aa", "clock", "speed"] if a.item == "all" else [a.item]
     runners = {"overhead": lambda: item_overhead(a.rounds, a.steps), "mfu": lambda: item_mfu(40),
                "parity": lambda: item_parity(a.iters), "workbook": item_workbook,
-               "aa": lambda: item_aa(a.trials, a.preset), "clock": lambda: item_clock(3, a.preset)}
+               "aa": lambda: item_aa(a.trials, a.preset), "clock": lambda: item_clock(3, a.preset),
+               "speed": lambda: item_speed(max(a.rounds, 5), a.speed_steps)}
     results = {}
     for f in a.results.glob("*.json"):
         results[f.stem] = json.loads(f.read_text())

@@ -139,6 +139,73 @@ int GeluBwd(int nparam, void **params, int *ndims, int64_t **shapes, const char 
   return 0;
 }
 
+// Bias add (nn.Dense's BiasAdd). In: x[N, C], b[C]. Out: y = x + b.
+int BiasAddFwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  if (nparam != 3 || !all_fp32(nparam, dtypes)) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *b = static_cast<const float *>(params[1]);
+  float *y = static_cast<float *>(params[2]);
+  const int64_t c = shapes[0][ndims[0] - 1];
+  const int64_t rows = numel(ndims[0], shapes[0]) / c;
+  for (int64_t r = 0; r < rows; ++r)
+#pragma omp simd
+    for (int64_t i = 0; i < c; ++i) y[r * c + i] = x[r * c + i] + b[i];
+  return 0;
+}
+
+// Its backward for the bias: db = Σ_rows dy (dx = dy needs no kernel). In: dy[N, C]. Out: db[C].
+int BiasAddBwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  if (nparam != 2 || !all_fp32(nparam, dtypes)) return 1;
+  const float *dy = static_cast<const float *>(params[0]);
+  float *db = static_cast<float *>(params[1]);
+  const int64_t c = shapes[0][ndims[0] - 1];
+  const int64_t rows = numel(ndims[0], shapes[0]) / c;
+  std::fill(db, db + c, 0.f);
+  for (int64_t r = 0; r < rows; ++r)
+#pragma omp simd
+    for (int64_t i = 0; i < c; ++i) db[i] += dy[r * c + i];
+  return 0;
+}
+
+// Bias add then exact GELU in one pass (the MLP's first Dense). In: x[N, C], b[C]. Out: y = gelu(x + b).
+int BiasGeluFwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  if (nparam != 3 || !all_fp32(nparam, dtypes)) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *b = static_cast<const float *>(params[1]);
+  float *y = static_cast<float *>(params[2]);
+  const int64_t c = shapes[0][ndims[0] - 1];
+  const int64_t rows = numel(ndims[0], shapes[0]) / c;
+  for (int64_t r = 0; r < rows; ++r)
+#pragma omp simd
+    for (int64_t i = 0; i < c; ++i) {
+      const float h = x[r * c + i] + b[i];
+      y[r * c + i] = 0.5f * h * erfcf(-h * kInvSqrt2);
+    }
+  return 0;
+}
+
+// Its backward. In: dy, x, b. Out: dx = dy · gelu'(x + b), db = Σ_rows dx.
+int BiasGeluBwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  if (nparam != 5 || !all_fp32(nparam, dtypes)) return 1;
+  const float *dy = static_cast<const float *>(params[0]);
+  const float *x = static_cast<const float *>(params[1]);
+  const float *b = static_cast<const float *>(params[2]);
+  float *dx = static_cast<float *>(params[3]);
+  float *db = static_cast<float *>(params[4]);
+  const int64_t c = shapes[1][ndims[1] - 1];
+  const int64_t rows = numel(ndims[1], shapes[1]) / c;
+  std::fill(db, db + c, 0.f);
+  for (int64_t r = 0; r < rows; ++r)
+#pragma omp simd
+    for (int64_t i = 0; i < c; ++i) {
+      const float h = x[r * c + i] + b[i];
+      const float g = dy[r * c + i] * (0.5f * erfcf(-h * kInvSqrt2) + h * kInvSqrt2Pi * expf(-0.5f * h * h));
+      dx[r * c + i] = g;
+      db[i] += g;
+    }
+  return 0;
+}
+
 // Causal softmax of scaled attention scores. In: s[..., T, T], scale[1]. Out: p[..., T, T] with
 // p[t, j] = softmax_j≤t(scale · s[t, j]) and 0 above the diagonal (the causal mask, without a mask tensor).
 int CausalSoftmaxFwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {

@@ -99,11 +99,30 @@ def _build_ops() -> dict:
 
     sm_fwd = ops.Custom(_func("CausalSoftmaxFwd"), out_shape=lambda s, c: s, out_dtype=lambda s, c: s,
                         func_type="aot", bprop=sm_bprop)
-    return {"layernorm": ln_fwd, "gelu": gelu_fwd, "causal_softmax": sm_fwd}
+    bias_bwd = ops.Custom(_func("BiasAddBwd"), out_shape=lambda dy: dy[-1:], out_dtype=lambda dy: dy,
+                          func_type="aot")
+
+    def bias_bprop(x, b, out, dout):
+        return dout, bias_bwd(dout)
+
+    bias_fwd = ops.Custom(_func("BiasAddFwd"), out_shape=lambda x, b: x, out_dtype=lambda x, b: x,
+                          func_type="aot", bprop=bias_bprop)
+    bias_gelu_bwd = ops.Custom(_func("BiasGeluBwd"), out_shape=lambda dy, x, b: (x, b),
+                               out_dtype=lambda dy, x, b: (x, b), func_type="aot")
+
+    def bias_gelu_bprop(x, b, out, dout):
+        dx, db = bias_gelu_bwd(dout, x, b)
+        return dx, db
+
+    bias_gelu_fwd = ops.Custom(_func("BiasGeluFwd"), out_shape=lambda x, b: x, out_dtype=lambda x, b: x,
+                               func_type="aot", bprop=bias_gelu_bprop)
+    return {"layernorm": ln_fwd, "gelu": gelu_fwd, "causal_softmax": sm_fwd, "bias_add": bias_fwd,
+            "bias_gelu": bias_gelu_fwd}
 
 
 def native_ops() -> dict:
-    """{'layernorm', 'gelu', 'causal_softmax'} → Custom primitives; raises ConfigError if the library is unusable."""
+    """{'layernorm', 'gelu', 'causal_softmax', 'bias_add', 'bias_gelu'} → Custom primitives (inputs and outputs as
+    in native/wb_kernels.cc); raises ConfigError if the library is unusable."""
     problem = library_problem()
     if problem:
         raise ConfigError(f"model.kernels=native: {problem}; or set model.kernels=mindspore")

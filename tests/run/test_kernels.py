@@ -125,6 +125,35 @@ def test_causal_softmax_matches_mask_add_softmax():
     _assert_close(ds, ref_ds, 1e-4, 1e-6, "causal softmax gradient")
 
 
+@needs_library
+@pytest.mark.parametrize("bias_op", ["bias_add", "bias_gelu"])
+def test_native_bias_kernels_match_dense_bias_add(bias_op):
+    import mindspore as ms
+    from mindspore import nn
+    from helpers.run.model import _dense
+
+    class Net(nn.Cell):
+        def __init__(self, kernels):
+            super().__init__()
+            self.dense = _dense(128, 512, True, 0.02, kernels, bias_op)
+            self.dense.weight.set_data(ms.Tensor(np.linspace(-0.1, 0.1, 512 * 128, dtype=np.float32).reshape(512, 128)))
+            self.dense.bias.set_data(ms.Tensor(np.linspace(-1.0, 1.0, 512, dtype=np.float32)))
+            # the fused kernel applies GELU itself; the reference applies MindSpore's after its BiasAdd
+            self.act = nn.GELU(approximate=False) if bias_op == "bias_gelu" and kernels == "mindspore" else None
+
+        def construct(self, x):
+            y = self.dense(x)
+            return self.act(y) if self.act is not None else y
+
+    x, dout = _tensor(768, 128, scale=2.0), _tensor(768, 512)
+    ref_out, ref_grads = _values_and_grads(Net("mindspore"), (x,), dout)
+    out, grads = _values_and_grads(Net("native"), (x,), dout)
+    _assert_close(out, ref_out, 1e-5, 1e-6, f"{bias_op} values")
+    assert len(grads) == len(ref_grads) == 3
+    for name, g, r in zip(("dx", "dweight", "dbias"), grads, ref_grads):
+        _assert_close(g, r, 1e-4, 1e-4 * np.abs(r).max(), f"{bias_op} {name}")
+
+
 def _loss_and_grads(overrides: dict):
     """One tiny GPT's loss and parameter gradients on fixed tokens, the model built from `overrides`."""
     import mindspore as ms

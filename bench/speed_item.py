@@ -1,0 +1,138 @@
+"""`make bench` item `speed` (imported by bench.py): the nano config's step time per formulation.
+
+Arms: `plain` (the formulation of commit 7c15080: MindSpore's LayerNorm/GELU/softmax kernels, per-tensor
+gradient norm), each knob alone on top of plain, and the new default (the config's defaults). Every arm is
+built in one child process (the trainer's own step Cell, same batches) and the arms take turns, `steps` steps
+each, for `rounds` rounds in rotating order: load that drifts over minutes hits every arm alike. Each step is
+synchronised by reading its loss. Reported per arm: p10 and median ms/step and tokens/s over every timed step;
+the speed-up is plain ÷ default on p10 and median, and per round (a pair = one plain and one default turn of the
+same round).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from helpers.config import dump, load_config, with_changes
+from helpers.spawn.runner import child_env
+
+REPO = Path(__file__).resolve().parent.parent
+NANO = REPO / "configs" / "nano.yaml"
+SPEEDUP_GOAL, SPEEDUP_LIMIT = 1.6, 1.4  # today's ms/step ÷ the new default's (issue 13)
+
+# Today's formulation (commit 7c15080): every formulation knob at MindSpore's own ops.
+PLAIN = {"model.kernels": "mindspore", "model.norm_backward": "mindspore", "model.gelu": "mindspore",
+         "grad_norm": "per_tensor"}
+# Each knob alone, switched to its fast value on top of plain.
+KNOBS = {"norm_backward=manual": {"model.norm_backward": "manual"}, "gelu=erf_manual": {"model.gelu": "erf_manual"},
+         "grad_norm=flat": {"grad_norm": "flat"}, "kernels=native": {"model.kernels": "native"}}
+
+
+def arm_configs() -> dict[str, dict]:
+    """Arm name → config changes on top of configs/nano.yaml ('default' = no changes: the new defaults)."""
+    return {"plain": dict(PLAIN), **{k: {**PLAIN, **v} for k, v in KNOBS.items()}, "default": {}}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+
+def interleaved_steps(request: str) -> dict:
+    """Child side: build every arm's step Cell in this process and time them in turns.
+
+    `request` is a JSON file {"arms": {name: config yaml path}, "rounds": R, "steps": S, "warmup": W}.
+    Returns {name: [[ms per step of round 1], [round 2], ...]} plus the resolved kernels per arm.
+    """
+    import mindspore as ms
+    from helpers.run.kernels import resolve_kernels
+    from helpers.run.train import Trainer, configure_mindspore
+    spec = json.loads(Path(request).read_text())
+    names = list(spec["arms"])
+    cfgs = {n: load_config(spec["arms"][n]) for n in names}
+    configure_mindspore(cfgs[names[0]])  # process-wide settings are the same for every arm (only knobs differ)
+    steps, tmp = {}, tempfile.mkdtemp()
+    batches = None
+    for n in names:
+        trainer = Trainer(cfgs[n], Path(tmp) / n)
+        trainer._build()
+        steps[n] = trainer.calls[0]
+        if batches is None:  # every arm trains on the same batches
+            it = trainer._train_dataset(0).create_tuple_iterator(num_epochs=1, output_numpy=True)
+            batches = [(ms.Tensor(x), ms.Tensor(y)) for (x, y), _ in zip(it, range(8))]
+        for i in range(spec["warmup"]):  # compile + warm-up, outside the timed window
+            steps[n](*batches[i % len(batches)])[0].asnumpy()
+    times = {n: [] for n in names}
+    for r in range(spec["rounds"]):
+        order = names[r % len(names):] + names[:r % len(names)]  # rotate: no arm always runs first or last
+        for n in order:
+            row = []
+            for i in range(spec["steps"]):
+                t0 = time.perf_counter()
+                steps[n](*batches[i % len(batches)])[0].asnumpy()
+                row.append((time.perf_counter() - t0) * 1000.0)
+            times[n].append(row)
+    return {"times": times, "kernels": {n: resolve_kernels(cfgs[n]) for n in names}}
+
+
+def item_speed(rounds: int = 6, steps: int = 20, warmup: int = 5, batch_size: int | None = None) -> dict:
+    """ms/step and tokens/s of each arm on the nano config; speed-up of the new default over plain (goal ≥ 1.4)."""
+    base = load_config(NANO)
+    if batch_size:
+        base = with_changes(base, {"batch_size": batch_size})
+    tokens = base.batch_size * base.model.seq_len
+    with tempfile.TemporaryDirectory() as tmp:
+        arms = {}
+        for name, changes in arm_configs().items():
+            path = Path(tmp) / f"{name.replace('=', '_')}.yaml"
+            path.write_text(dump(with_changes(base, changes)))
+            arms[name] = str(path)
+        request = Path(tmp) / "speed.json"
+        request.write_text(json.dumps({"arms": arms, "rounds": rounds, "steps": steps, "warmup": warmup}))
+        load_before = os.getloadavg()
+        proc = subprocess.run([sys.executable, str(Path(__file__).with_name("bench.py")), "speedarms",
+                               str(request)], capture_output=True, text=True, cwd=REPO, env=child_env())
+        if proc.returncode != 0:
+            raise RuntimeError(f"speed arms failed: {proc.stderr[-1500:]}")
+        child = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = {"config": "configs/nano.yaml", "batch_size": base.batch_size, "tokens_per_step": tokens,
+           "rounds": rounds, "steps_per_turn": steps, "warmup_steps": warmup, "arm_changes": arm_configs(),
+           "kernels": child["kernels"], "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+           "arms": {}}
+    for name, per_round in child["times"].items():
+        flat = [t for row in per_round for t in row]
+        p10, med = _quantile(flat, 0.10), statistics.median(flat)
+        out["arms"][name] = {"p10_ms": p10, "median_ms": med, "tokens_per_s_p10": tokens / (p10 / 1000.0),
+                             "tokens_per_s_median": tokens / (med / 1000.0),
+                             "round_medians_ms": [statistics.median(r) for r in per_round]}
+    plain, new = out["arms"]["plain"], out["arms"]["default"]
+    pairs = [p / d for p, d in zip(plain["round_medians_ms"], new["round_medians_ms"])]
+    out["speedup"] = {"p10": plain["p10_ms"] / new["p10_ms"], "median": plain["median_ms"] / new["median_ms"],
+                      "per_pair": pairs, "pairs": len(pairs), "goal": SPEEDUP_GOAL, "limit": SPEEDUP_LIMIT}
+    ok = out["speedup"]["median"] >= SPEEDUP_LIMIT
+    # the same shape as bench.py's _must entries: `make bench` exits 1 when it is not ok
+    out["must"] = {"ok": ok, "text": f"new default ×{out['speedup']['median']:.2f} faster per step than today's "
+                                     f"formulation (median) {'≥' if ok else '<'} limit ×{SPEEDUP_LIMIT}"}
+    for name, arm in out["arms"].items():
+        print(f"  {name:22s} p10 {arm['p10_ms']:6.1f} ms  median {arm['median_ms']:6.1f} ms  "
+              f"(×{plain['median_ms'] / arm['median_ms']:.2f} vs plain)", flush=True)
+    return out
+
+
+def speed_rows(results: dict) -> list[str]:
+    """Rows of bench/results/README.md for the speed item."""
+    if "speed" not in results:
+        return []
+    r = results["speed"]
+    s, plain, new = r["speedup"], r["arms"]["plain"], r["arms"]["default"]
+    knobs = ", ".join(f"{k} ×{plain['median_ms'] / r['arms'][k]['median_ms']:.2f}" for k in KNOBS if k in r["arms"])
+    return [f"| speed, nano config (new default ÷ today's formulation) | ×{s['median']:.2f} median, ×{s['p10']:.2f} "
+            f"p10 ({new['median_ms']:.1f} vs {plain['median_ms']:.1f} ms/step, {new['tokens_per_s_median']:,.0f} "
+            f"tokens/s; {s['pairs']} interleaved rounds; each knob alone: {knobs}; load "
+            f"{r['load_avg_before'][0]:.1f}) | ≥ {SPEEDUP_LIMIT} (goal {SPEEDUP_GOAL}) |"]
