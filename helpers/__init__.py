@@ -20,6 +20,8 @@ _HOMES = {
     "helpers.record": ("RunRecord", "RecordError", "load_run", "median_summary"),
     "helpers.run.env": ("environment", "peak_flops", "peak_flops_info"),
     "helpers.run.profile": ("load_profile",),
+    "helpers.run.memory": ("memory_label", "memory_source"),
+    "helpers.run.device_profile": ("read_op_table",),
     "helpers.spawn.runner": ("launch", "profile_run"),
     "helpers.tune.rounds": ("Workbook", "RoundError", "load_runs"),
     "helpers.tune.rules": ("Verdict",),
@@ -40,6 +42,7 @@ _HOMES = {
                            "step_time_plot", "sweep_plot", "val_loss_tokens_plot", "waterfall"),
     "helpers.book.widgets": ("round_panel", "suggestion_panel"),
     "helpers.book.planner": ("msrun_commands",),
+    "helpers.book.tensorboard": ("export_tensorboard",),
     "helpers.book.dp_study": ("comm_table", "dp_configs", "hand_arithmetic_7b", "loss_diff_plot",
                               "loss_equivalence", "memory_check", "run_all", "strategy_table"),
 }

@@ -155,6 +155,17 @@ def cmd_diagnose(args) -> int:
     return 0
 
 
+def cmd_tensorboard(args) -> int:
+    from helpers.book.tensorboard import TensorBoardError, export_tensorboard
+    try:
+        written = export_tensorboard(args.sources, args.out)
+    except TensorBoardError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(written)} run(s) → {args.out}; view with: tensorboard --logdir {args.out}")
+    return 0
+
+
 def cmd_autotune(args) -> int:
     from helpers.tune.autotune import AutotuneError, autotune, check_budget
     from helpers.tune.rounds import RoundError, Workbook
@@ -240,6 +251,11 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--keep-global-batch", action="store_true",
                    help="batch rounds trade accumulation for micro-batch, keeping the global batch")
     a.set_defaults(func=cmd_autotune)
+
+    tb = sub.add_parser("tensorboard", help="TensorBoard event files from runs and workbooks (needs tensorboardX)")
+    tb.add_argument("sources", nargs="+", metavar="RUN_OR_WORKBOOK", help="run or workbook folders")
+    tb.add_argument("--out", required=True, help="log folder to write (then: tensorboard --logdir OUT)")
+    tb.set_defaults(func=cmd_tensorboard)
     return p
 
 

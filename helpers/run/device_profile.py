@@ -83,55 +83,36 @@ def _table(totals: dict[str, list[float]], steps: int) -> list[dict]:
     return sorted(ops, key=lambda op: op["total_ms"], reverse=True)
 
 
-def _grouped(rows, name, calls, total_ms) -> dict[str, list[float]]:
+# kind → (op name column, calls column or None = one launch per row, total-time column, ms per unit of it)
+LAYOUTS = {
+    "ascend_op_statistic": ("OP Type", "Count", "Total Time(us)", 1e-3),
+    "ascend_kernel_details": ("Type", None, "Duration(us)", 1e-3),
+    "gpu_op_type": ("op_type", "type_occurrences", "total_time(us)", 1e-3),
+    "cpu_op_type": ("op_type", "type_occurrences", "total_compute_time", 1.0),
+}
+
+
+def read_ops(kind: str, path: Path, steps: int) -> list[dict]:
+    """One profiler table of `kind` (see LAYOUTS) → OP_COLUMNS rows over `steps` steps, largest total first.
+
+    Rows of one op name are summed: op_statistic has a row per core type (Cast on AI_CORE and AI_VECTOR_CORE),
+    kernel_details a row per launch (grouped by Type; a launch without a Type keeps its Name).
+    """
+    name, calls, total, to_ms = LAYOUTS[kind]
+    rows = _read(path)
+    _need(rows, path, tuple(c for c in (name, calls, total) if c))
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for r in rows:
-        entry = totals[name(r)]
-        entry[0] += calls(r)
-        entry[1] += total_ms(r)
-    return totals
-
-
-def read_ascend_op_statistic(path: Path, steps: int) -> list[dict]:
-    """op_statistic.csv → OP_COLUMNS rows (Total Time is µs; one op type's core-type rows are summed)."""
-    rows = _read(path)
-    _need(rows, path, ("OP Type", "Count", "Total Time(us)"))
-    return _table(_grouped(rows, lambda r: r["OP Type"], lambda r: _number(r["Count"]),
-                           lambda r: _number(r["Total Time(us)"]) / 1000.0), steps)
-
-
-def read_ascend_kernel_details(path: Path, steps: int) -> list[dict]:
-    """kernel_details.csv (one row per kernel launch) → OP_COLUMNS rows grouped by Type (Duration is µs)."""
-    rows = _read(path)
-    _need(rows, path, ("Type", "Duration(us)"))
-    return _table(_grouped(rows, lambda r: r["Type"] if r["Type"] not in ("", "N/A") else r.get("Name", "?"),
-                           lambda r: 1.0, lambda r: _number(r["Duration(us)"]) / 1000.0), steps)
-
-
-def read_gpu_op_types(path: Path, steps: int) -> list[dict]:
-    """gpu_op_type_info csv → OP_COLUMNS rows (total_time is µs)."""
-    rows = _read(path)
-    _need(rows, path, ("op_type", "type_occurrences", "total_time(us)"))
-    return _table(_grouped(rows, lambda r: r["op_type"], lambda r: _number(r["type_occurrences"]),
-                           lambda r: _number(r["total_time(us)"]) / 1000.0), steps)
-
-
-def read_cpu_op_types(path: Path, steps: int) -> list[dict]:
-    """cpu_op_type_info csv → OP_COLUMNS rows (total_compute_time is ms)."""
-    rows = _read(path)
-    _need(rows, path, ("op_type", "type_occurrences", "total_compute_time"))
-    return _table(_grouped(rows, lambda r: r["op_type"], lambda r: _number(r["type_occurrences"]),
-                           lambda r: _number(r["total_compute_time"])), steps)
-
-
-READERS = {"ascend_op_statistic": read_ascend_op_statistic, "ascend_kernel_details": read_ascend_kernel_details,
-           "gpu_op_type": read_gpu_op_types, "cpu_op_type": read_cpu_op_types}
+        entry = totals[r[name] if r[name] not in ("", "N/A") else r.get("Name", "?")]
+        entry[0] += _number(r[calls]) if calls else 1.0
+        entry[1] += _number(r[total]) * to_ms
+    return _table(totals, steps)
 
 
 def read_op_table(profile_dir: Path, steps: int) -> tuple[list[dict], str, Path]:
     """(OP_COLUMNS rows, what their times are, the profiler's run folder) for the best table under profile/."""
     kind, path = find_op_source(Path(profile_dir))
-    return READERS[kind](path, steps), DESCRIPTIONS[kind], raw_dir_of(kind, path)
+    return read_ops(kind, path, steps), DESCRIPTIONS[kind], raw_dir_of(kind, path)
 
 
 def activities(device_target: str) -> list:

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers.record import RecordError
-from helpers.run.device_profile import (find_op_source, read_ascend_kernel_details, read_ascend_op_statistic,
-                                        read_op_table)
+from helpers.run.device_profile import find_op_source, read_op_table, read_ops
 from helpers.run.profile import OP_COLUMNS
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "device_profile"
@@ -23,7 +22,7 @@ def _by_name(ops):
 
 
 def test_ascend_op_statistic_sums_core_types_into_the_op_table():
-    ops = read_ascend_op_statistic(DATA / "ascend" / "profile" / OUT / "op_statistic.csv", steps=2)
+    ops = read_ops("ascend_op_statistic", DATA / "ascend" / "profile" / OUT / "op_statistic.csv", steps=2)
     assert [list(op) for op in ops] == [OP_COLUMNS] * len(ops)
     names = [op["name"] for op in ops]
     assert names == ["MatMulV2", "FlashAttentionScore", "Cast", "hcom_allReduce_"]  # largest total first
@@ -36,8 +35,8 @@ def test_ascend_op_statistic_sums_core_types_into_the_op_table():
 
 def test_kernel_details_grouped_by_type_agree_with_op_statistic():
     folder = DATA / "ascend" / "profile" / OUT
-    details = _by_name(read_ascend_kernel_details(folder / "kernel_details.csv", steps=2))
-    stats = _by_name(read_ascend_op_statistic(folder / "op_statistic.csv", steps=2))
+    details = _by_name(read_ops("ascend_kernel_details", folder / "kernel_details.csv", steps=2))
+    stats = _by_name(read_ops("ascend_op_statistic", folder / "op_statistic.csv", steps=2))
     assert set(details) == set(stats)
     for name, op in stats.items():
         assert details[name]["calls"] == op["calls"], name
@@ -75,4 +74,4 @@ def test_a_changed_layout_fails_in_one_line_naming_the_columns(tmp_path):
     bad = tmp_path / "op_statistic.csv"
     bad.write_text("Device_id,OP Name,Calls\n0,MatMul,3\n")
     with pytest.raises(RecordError, match=r"lacks the column\(s\) OP Type, Count, Total Time\(us\)"):
-        read_ascend_op_statistic(bad, steps=1)
+        read_ops("ascend_op_statistic", bad, steps=1)
