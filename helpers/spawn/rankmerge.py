@@ -71,7 +71,9 @@ def merge_ranks(run_dir: str | Path) -> dict | None:
     rank_ms = [float(np.median([row["step_time_ms"] for row in r["rows"] if row["step"] in steady] or [np.nan]))
                for r in ranks]
     merged = {**summary, **stats, **_comm_summary(ranks, rows),
-              "peak_memory_bytes": max(peaks), "peak_memory_bytes_all_ranks": int(sum(peaks)),
+              # the ranks' own RSS, not this merging process's (summarize's peak_rss_bytes)
+              "peak_memory_bytes": max(peaks), "peak_rss_bytes": max(peaks),
+              "peak_memory_bytes_all_ranks": int(sum(peaks)),
               "data_parallel": cfg.parallel.data_parallel, "ranks_merged": len(ranks),
               "rank_step_time_ms": rank_ms, "rank_status": [r["status"] for r in ranks],
               "step_time_source": "per step, the slowest rank's time (median over the steady window)"}
