@@ -158,8 +158,9 @@ class Config:
                                        "favours speed, O1 reuses memory harder (Ascend only)", choices=["O0", "O1"])
     dataset_sink: bool = _knob(False, "sink mode: the device pulls batches itself (ms.data_sink), one per step "
                                       "(Ascend/GPU only; data_wait_ms is then not measured)")
-    compile_cache: bool = _knob(False, "reuse compiled graphs across processes")
-    compile_cache_path: str = _knob("", "compile cache folder; '' = data/cache/compile")
+    compile_cache: bool = _knob(True, "reuse compiled graphs across processes of the same config (one cache folder "
+                                      "per config; the step is a Cell, which trains the same warm as cold)")
+    compile_cache_path: str = _knob("", "compile cache folder; '' = data/cache/compile (a subfolder per config)")
     amp_level: str = _knob("O0", "mixed precision level", choices=["O0", "O1", "O2", "O3"])
     amp_dtype: str = _knob("fp16", "low-precision dtype for amp_level O1-O3", choices=["fp16", "bf16"])
     fp32_cells: list[str] = _knob(None, "cells kept in fp32 under AMP",

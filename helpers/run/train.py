@@ -13,13 +13,14 @@ import numpy as np
 
 from helpers import config as config_mod
 from helpers.config import Config, ConfigError
-from helpers.paths import DATA_CACHE
 from helpers.run.env import environment, peak_flops_info, peak_summary
 from helpers.run.hooks import RunHooks
 from helpers.run.precision import apply_precision
 from helpers.run.metrics import Ema, rss_bytes, summarize
 from helpers.run.memory import DeviceMemory, memory_source
 from helpers.run.monitors import effective_max_grad_norm
+from helpers.run.kernels import resolve_kernels
+from helpers.run.startup import FixedCost, compile_cache_dir
 from helpers.run.profile import window_steps
 from helpers.record import RecordError, RecordWriter, load_run, read_metric_rows, write_failure, METRICS_FILE
 
@@ -39,8 +40,9 @@ def lr_at(cfg: Config, step: int) -> float:
     return cfg.min_lr + shape * (cfg.lr - cfg.min_lr)
 
 
-def configure_mindspore(cfg: Config) -> None:
-    """Device, mode, seed, threads and compile cache; must run before any Cell is built."""
+def configure_mindspore(cfg: Config, graph_key: str = "") -> None:
+    """Device, mode, seed, threads and compile cache (one folder per config and `graph_key`, see
+    startup.compile_cache_dir); must run before any Cell is built."""
     import mindspore as ms
     try:
         ms.set_device(cfg.device_target)
@@ -49,7 +51,7 @@ def configure_mindspore(cfg: Config) -> None:
                          f"use device_target=CPU on this machine") from None
     ms.set_context(mode=ms.GRAPH_MODE if cfg.mode == "graph" else ms.PYNATIVE_MODE)
     if cfg.compile_cache:
-        cache = Path(cfg.compile_cache_path or DATA_CACHE / "compile")
+        cache = compile_cache_dir(cfg, graph_key)
         cache.mkdir(parents=True, exist_ok=True)
         ms.set_context(enable_compile_cache=True, compile_cache_path=str(cache))
     if cfg.threads and cfg.device_target == "CPU":
@@ -119,7 +121,7 @@ class Trainer:
 
     def _configure(self) -> None:
         """Set up MindSpore for this process (a data-parallel rank also joins its process group here)."""
-        configure_mindspore(self.cfg)
+        configure_mindspore(self.cfg, str(self.prep.tokenizer.vocab_size) if self.prep else "")
 
     def _data(self):
         """The tokenized corpus, prepared once; `run` calls it before MindSpore is imported, so a bad corpus
@@ -265,14 +267,20 @@ class Trainer:
             self.writer.rows = self._previous_rows()
             base["resumed_from"] = str(_resume_source(cfg.resume_from)[1])
         self.writer.start(config_mod.dump(cfg), environment(cfg.device_target, cfg.threads), base)
+        cost = self.fixed_cost = FixedCost()
         try:
-            self._data()
-            self._configure()
-            peak_info = peak_flops_info(cfg.device_target, "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype,
-                                        cfg.threads)
+            resolve_kernels(cfg)  # a missing or stale native library fails now, not after the MindSpore import
+            with cost.phase("data"):
+                self._data()
+            with cost.phase("import"):
+                self._configure()
+            with cost.phase("peak"):
+                peak_info = peak_flops_info(cfg.device_target, "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype,
+                                            cfg.threads)
             self.extra_summary.update(peak_summary(peak_info))  # which peak the MFU used: when, at what load
             peak = peak_info["flops"]
-            self._build()
+            with cost.phase("build"):
+                self._build()
             start = self._restore() + 1 if cfg.resume_from else 1
             outcome = self._loop(start)
         except Exception as exc:  # recorded as a failed run; the caller decides how loud to be
@@ -296,7 +304,10 @@ class Trainer:
                           memory_source(self.cfg.device_target))
         if getattr(self, "device_memory", None) is not None:  # the allocator's own totals, next to the peak
             stats.update(self.device_memory.stats())
+        first = [r for r in self.writer.rows if r["step"] == start_step]
+        fixed = self.fixed_cost.summary(first, stats.get("step_time_ms")) if hasattr(self, "fixed_cost") else None
         summary = {**base, **stats, **self.extra_summary, "n_params": getattr(self, "n_params", None),
+                   "fixed_cost_s": fixed,
                    "tokens_per_step": self.cfg.batch_size * self.cfg.grad_accum_steps * self.cfg.model.seq_len,
                    # one process: no collective in the step; data-parallel runs get it measured by rankmerge
                    "comm_step_share": 0.0 if self.cfg.parallel.data_parallel == 1 else None,

@@ -1,0 +1,64 @@
+"""A run's fixed cost (what it pays before its first steady step) and the per-config compile-cache folder.
+
+`fixed_cost_s` in summary.json, seconds: `start` (process creation → the run begins: interpreter start and our
+imports; meaningful in a run's own process, as `launch` and the CLI start it), `data` (corpus read/tokenized or
+taken from the cache), `import` (importing MindSpore and setting its context), `peak` (the matmul peak FLOP/s,
+measured only when the cached one is stale), `build` (datasets, model, step Cells), `compile` (first step minus the
+median steady step: graph compile and first-call set-up).
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from helpers import config as config_mod
+from helpers.config import Config
+from helpers.paths import DATA_CACHE
+
+# Keys that do not change the compiled graph: where the cache lives, and where a resume starts from.
+_NOT_IN_GRAPH = ("compile_cache", "compile_cache_path", "resume_from")
+
+
+def process_age_s() -> float:
+    """Seconds since this process was created (wall clock)."""
+    import psutil
+    return max(0.0, time.time() - psutil.Process().create_time())
+
+
+def compile_cache_dir(cfg: Config, graph_key: str = "") -> Path:
+    """The compile-cache folder of this config: `<compile_cache_path or data/cache/compile>/<config hash>`.
+
+    MindSpore's cache is keyed only by the Python files it depends on, not by the graph: a warm cache filled by
+    another config was measured to load the wrong graph (batch 8 after batch 12: "For 'Reshape', the size of
+    'input_x': {1024} is not equal to ... {1536}"). One folder per config (every key except those that cannot
+    change the graph, plus `graph_key`, e.g. the vocabulary size, and MindSpore's version) keeps them apart.
+    """
+    import mindspore as ms
+    flat = {k: v for k, v in config_mod.flatten(cfg).items() if k not in _NOT_IN_GRAPH}
+    digest = hashlib.sha256(repr((sorted(flat.items()), graph_key, ms.__version__)).encode()).hexdigest()[:16]
+    return Path(cfg.compile_cache_path or DATA_CACHE / "compile") / digest
+
+
+class FixedCost:
+    """Seconds per start-up phase, in the order they ran: `with cost.phase("data"): ...`."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {"start": process_age_s()}
+
+    @contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def summary(self, rows: list[dict], steady_ms: float | None) -> dict:
+        """fixed_cost_s for summary.json: the phases plus `compile` (first step − median steady step) and `total`."""
+        out = dict(self.seconds)
+        if rows and steady_ms is not None:
+            out["compile"] = max(0.0, (rows[0]["step_time_ms"] - steady_ms) / 1000.0)
+        out["total"] = sum(out.values())
+        return {k: round(v, 3) for k, v in out.items()}

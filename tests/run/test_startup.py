@@ -1,0 +1,42 @@
+"""A run's fixed cost in summary.json, and the compile cache (on by default): a warm run trains exactly as the
+cold one, and a cache filled by another config is never loaded (MindSpore's own cache would: it keys on files)."""
+from __future__ import annotations
+
+import pytest
+
+from helpers.record import load_run
+from tests.conftest import run_cli, tiny_args
+
+pytestmark = pytest.mark.slow
+
+
+def _train(out, corpus, *extra):
+    proc = run_cli("train", *tiny_args(corpus, 10, *extra), "--out", str(out), "--progress", "none")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = load_run(out)
+    return [r["loss"] for r in record.metrics], record.summary
+
+
+@pytest.mark.parametrize("mode", [["mode=graph"], ["mode=pynative", "jit_level=O0"]])
+def test_warm_compile_cache_trains_like_cold_and_is_per_config(tmp_path, small_corpus, mode):
+    cache = [f"compile_cache_path={tmp_path / 'cache'}", *mode]
+    cold, cold_s = _train(tmp_path / "cold", small_corpus, *cache)
+    warm, warm_s = _train(tmp_path / "warm", small_corpus, *cache)
+    assert cold[-1] < cold[0] - 0.05  # the loss moves: parameters are updated
+    assert warm == pytest.approx(cold, rel=1e-6, abs=0)  # the warm step is the same computation
+    assert warm_s["fixed_cost_s"]["compile"] < cold_s["fixed_cost_s"]["compile"]  # and it did reuse the graph
+    # another config (other shapes) next to it in the same cache: its own folder, not the cached graph
+    other = ["batch_size=4", "model.n_layer=1"]
+    fresh, _ = _train(tmp_path / "other_nocache", small_corpus, *mode, *other, "compile_cache=false")
+    shared, _ = _train(tmp_path / "other_cached", small_corpus, *cache, *other)
+    assert shared == pytest.approx(fresh, rel=1e-6, abs=0)
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+
+
+def test_fixed_cost_phases_are_in_the_summary(tmp_path, small_corpus):
+    _, summary = _train(tmp_path / "run", small_corpus, "compile_cache=false")
+    cost = summary["fixed_cost_s"]
+    assert set(cost) == {"start", "data", "import", "peak", "build", "compile", "total"}
+    assert all(v >= 0 for v in cost.values())
+    assert cost["import"] > 0.2 and cost["compile"] > 0.1  # importing MindSpore and a cold compile take time
+    assert cost["total"] == pytest.approx(sum(v for k, v in cost.items() if k != "total"), abs=0.01)
