@@ -7,7 +7,7 @@ PARAMS ?=
 JS_DIR := $(VENV)/share/workbook-js
 JS_STAMP := $(JS_DIR)/.installed
 
-.PHONY: workbook test bench clean chromium kernels
+.PHONY: workbook test bench clean chromium npm kernels
 
 # Native CPU kernels (MindSpore AOT custom ops, model.kernels=native|auto). x86-64-v3 = AVX2+FMA: vectorised on
 # any x86 CPU from about 2015 on, without tying the library to this machine's CPU as -march=native would.
@@ -44,7 +44,13 @@ $(JS_STAMP): | $(STAMP)
 	  tar -xzf requirejs-2.3.8.tgz --strip-components=1 package/require.js && rm -f *.tgz && touch .installed; \
 	else echo "note: npm not found; widgets in HTML reports will need internet to render"; fi
 
-# Headless Chromium for tests/test_browser.py (Debian package; the test skips, saying why, without it).
+# npm for the widget JS above (Debian package). Without it the widget test skips, and CI fails such a skip.
+npm:
+	@command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm >/dev/null; } \
+	  || echo "note: could not install npm; widgets in HTML reports will need internet to render"
+
+# Headless Chromium for tests/test_browser.py (Debian package; the test skips, saying why, without it — under
+# CI=true, as .ci/run sets, that skip fails the run).
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "note: could not install chromium; the browser test will be skipped"
@@ -55,7 +61,7 @@ workbook: $(STAMP) $(JS_STAMP) kernels
 bench: $(STAMP) kernels
 	$(BIN)/python bench/bench.py all
 
-test: $(STAMP) $(JS_STAMP) chromium kernels
+test: $(STAMP) npm $(JS_STAMP) chromium kernels
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -57,3 +57,30 @@ def tiny_args(corpus: Path, steps: int = 30, *extra: str) -> list[str]:
     sets = [f"data.corpus={corpus}", "model.preset=tiny", "batch_size=8", f"steps={steps}",
             "warmup=5", "eval_every=0", "eval_batches=2", "steady_after=3", *extra]
     return [a for s in sets for a in ("--set", s)]
+
+
+# ------------------------------------------------------------------------------------ CI: skips that must fail
+
+CI_REQUIRED = "ci_required"
+
+
+def _ci() -> bool:
+    """Whether this run is CI's (`.ci/run` exports CI=true, as CI services do)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{CI_REQUIRED}: must run in CI; a skip there (no chromium, no root, no npm) "
+                                       f"fails the run instead of passing green")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI, a skip of a test marked ci_required becomes a failure that says why it skipped."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and _ci() and item.get_closest_marker(CI_REQUIRED) is not None:
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where it must run ({CI_REQUIRED}): {reason}"

@@ -114,6 +114,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
+@pytest.mark.ci_required  # needs root to mount the tmpfs: CI runs as root, so a skip there is a failure
 def test_full_disk_is_one_line_and_keeps_the_record_whole(small_disk, small_corpus, tmp_path):
     run = small_disk / "run"
     proc = run_cli("train", *tiny_args(small_corpus, 200, "checkpoint_every=20", "keep_checkpoints=5"),
@@ -137,6 +138,7 @@ def test_full_disk_is_one_line_and_keeps_the_record_whole(small_disk, small_corp
     assert resumed.status == "ok" and [r["step"] for r in resumed.metrics] == list(range(1, 25))
 
 
+@pytest.mark.ci_required  # needs chattr (root-proof read-only folder)
 def test_read_only_output_folder_is_one_line_before_training(tmp_path, small_corpus):
     out = tmp_path / "frozen"
     out.mkdir()

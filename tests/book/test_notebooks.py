@@ -184,7 +184,7 @@ def test_workbook_runs_every_notebook_into_a_report(tmp_path, small_corpus):
     assert profiled.summary["bottleneck"] in {"data-bound", "compute-bound", "communication-bound", "memory-bound",
                                            "balanced"}
     evaluation = (out / "09_evaluation.ipynb").read_text()
-    assert "verdict: " in evaluation and "alarm" in evaluation
+    assert "bottleneck: " in evaluation and "alarm" in evaluation
     demo = Workbook.open(out / "workbook" / "studies" / "data_pipeline")
     waits = [r.summary["data_wait_share"] for r in load_runs(demo.rounds()[0].reference_runs)]
     assert min(waits) > 0.05, f"the slow-storage demo baseline is not data-bound: data_wait_share {waits}"
