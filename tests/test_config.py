@@ -1,6 +1,5 @@
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -69,11 +68,14 @@ def test_missing_and_broken_yaml_files(tmp_path):
 
 
 def test_cli_typo_fails_fast_with_one_line():
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "helpers", "train", "--set", "amp_levl=O2", "--out", "/tmp/never"],
-                          capture_output=True, text=True, cwd=REPO)
-    elapsed = time.perf_counter() - t0
+    # "Fast" means before anything heavy is imported. A wall-clock bound (it was < 2.0 s) fails whenever the shared
+    # machine is loaded; what the process imported does not depend on load.
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "helpers", "train", "--set", "amp_levl=O2",
+                           "--out", "/tmp/never"], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
     assert len(lines) == 1 and "amp_level" in lines[0]
-    assert elapsed < 2.0
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert {"helpers", "yaml"} <= imported  # the import log is there to read
+    assert imported.isdisjoint({"mindspore", "numpy", "pandas", "matplotlib", "papermill", "psutil"}), imported

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,15 @@ def compile_cache_runs(cfg: Config, out_dir: str | os.PathLike,
     cached = with_changes(cfg, {"compile_cache": True, "compile_cache_path": str(cache)})
     return {f"{kind} cache": [launch(cached, out / kind, progress=progress, desc=f"compile cache {kind}")]
             for kind in ("cold", "warm")}
+
+
+def compile_cache_reused(out_dir: str | os.PathLike, warm: RunRecord) -> bool:
+    """Whether the warm run of `compile_cache_runs(cfg, out_dir)` loaded the cold run's compiled graphs instead of
+    compiling: the cache holds graphs (*.mindir) and none was written after the warm run started (on a miss MindSpore
+    writes them again). Unlike the two runs' compile_s, this does not flip when other load slows one of them."""
+    graphs = list((Path(out_dir) / "compile_cache").rglob("*.mindir"))
+    started = time.mktime(time.strptime(warm.summary["started_at"], "%Y-%m-%dT%H:%M:%S"))  # whole seconds, local
+    return bool(graphs) and all(p.stat().st_mtime < started for p in graphs)
 
 
 def break_even_steps(compile_s: float, step_ms: float, other_compile_s: float, other_step_ms: float) -> float | None:

@@ -177,7 +177,9 @@ def test_workbook_runs_every_notebook_into_a_report(tmp_path, small_corpus):
     assert all(len(r.candidate_runs) == 2 and len(r.reference_runs) == 2 for r in wb.rounds())
     cold, warm = (load_runs([out / "workbook" / "studies" / "compile_cache" / k])[0] for k in ("cold", "warm"))
     assert cold.status == warm.status == "ok"
-    assert warm.summary["compile_s"] < cold.summary["compile_s"], "the warm compile cache did not help"
+    # the warm run loaded the cold run's graphs (their single-run compile times can swap order under load)
+    from helpers.tune.study import compile_cache_reused
+    assert compile_cache_reused(out / "workbook" / "studies" / "compile_cache", warm), "the warm run compiled again"
     assert warm.summary["loss_last"] < warm.summary["loss_first"], "a warm-cache run must still train"
     profiled = load_runs([out / "workbook" / "studies" / "profiled_baseline"])[0]
     assert (profiled.path / "profile" / "op_table.csv").is_file()
