@@ -21,14 +21,13 @@ from pathlib import Path
 
 from helpers.config import dump, load_config, with_changes
 from helpers.spawn.runner import child_env
+from helpers.tune.fusion import PLAIN_FORMULATION
 
 REPO = Path(__file__).resolve().parent.parent
 NANO = REPO / "configs" / "nano.yaml"
 SPEEDUP_GOAL, SPEEDUP_LIMIT = 1.6, 1.4  # today's ms/step ÷ the new default's (issue 13)
 
-# Today's formulation (commit 7c15080): every formulation knob at MindSpore's own ops.
-PLAIN = {"model.kernels": "mindspore", "model.norm_backward": "mindspore", "model.gelu": "mindspore",
-         "grad_norm": "per_tensor"}
+PLAIN = PLAIN_FORMULATION  # today's formulation (commit 7c15080): every formulation knob at MindSpore's own ops
 # Each knob alone, switched to its fast value on top of plain.
 KNOBS = {"norm_backward=manual": {"model.norm_backward": "manual"}, "gelu=erf_manual": {"model.gelu": "erf_manual"},
          "grad_norm=flat": {"grad_norm": "flat"}, "kernels=native": {"model.kernels": "native"}}

@@ -14,6 +14,7 @@ from helpers.config import Config
 
 # The cell kinds each `fp32_cells` name protects, by class name (RMSNorm is ours).
 PROTECTED_KINDS = {"layernorm": ("LayerNorm", "RMSNorm"), "softmax": ("Softmax",)}
+PROTECTABLE = {kind for kinds in PROTECTED_KINDS.values() for kind in kinds}
 
 
 @dataclass
@@ -54,7 +55,9 @@ def dtype_audit(cfg: Config, vocab_size: int) -> list[AuditRow]:
             return record
 
         for name, cell in raw.cells_and_names():
-            if not cell._cells:  # leaf cells: where the arithmetic happens
+            # leaf cells: where the arithmetic happens; and protected kinds that wrap an inner function (the
+            # hand-written-backward LayerNorm, model.norm_backward=manual), whose output is what must be fp32
+            if not cell._cells or type(cell).__name__ in PROTECTABLE:
                 handles.append(cell.register_forward_hook(hook(name or type(cell).__name__)))
         handles.append(raw.register_forward_hook(hook("logits (lm head)", "MatMul")))
         x = ms.Tensor(np.zeros((1, cfg.model.seq_len), np.int32))

@@ -22,11 +22,20 @@ SHIFT_COLUMNS = ["op", "ms/step before", "ms/step after", "delta ms/step", "call
                  "calls/step after", "flag"]
 
 
-def fusion_base(preset: str, steps: int, corpus: str, profile_steps: int, qkv: str = "fused_slice") -> Config:
-    """The notebooks' base config (`study.base_config`) with `model.qkv` and a profiler window of
+# The formulation of commit 7c15080: MindSpore's own LayerNorm/GELU/softmax/BiasAdd kernels and their gradients,
+# a per-tensor gradient norm. The new defaults differ in each of these keys (same math, fewer or faster ops).
+PLAIN_FORMULATION = {"model.kernels": "mindspore", "model.norm_backward": "mindspore", "model.gelu": "mindspore",
+                     "grad_norm": "per_tensor"}
+
+
+def fusion_base(preset: str, steps: int, corpus: str, profile_steps: int, qkv: str = "fused_slice",
+                formulation: dict | None = None) -> Config:
+    """The notebooks' base config (`study.base_config`) with `model.qkv`, the `formulation` keys (default
+    PLAIN_FORMULATION, so formulation and kernel rounds have something to beat) and a profiler window of
     `profile_steps` steady steps — at most half of them: profiled steps are left out of tokens/s, so the other
     half measures speed (and the profiler's overhead against)."""
-    cfg = base_config(preset, steps, corpus, {"model.qkv": qkv})
+    changes = {"model.qkv": qkv, **(PLAIN_FORMULATION if formulation is None else formulation)}
+    cfg = base_config(preset, steps, corpus, changes)
     window = max(1, min(profile_steps, (steps - cfg.steady_after) // 2))
     return with_changes(cfg, {"monitor.profile_steps": window})
 
