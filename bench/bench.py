@@ -2,7 +2,8 @@
 
 Items: monitoring overhead (the full trainer vs a bare step loop), MFU of the presets against the
 measured matmul peak, nanoGPT-config parity (val loss at 2000 iterations), headless workbook wall time,
-A/A checks and recorded-vs-outside step time (noise honesty, bench/noise_items.py).
+A/A checks and recorded-vs-outside step time (noise honesty, bench/noise_items.py), the nano config's speed per
+formulation (bench/speed_item.py).
 Results go to bench/results/<item>.json and bench/results/README.md.
 """
 from __future__ import annotations
