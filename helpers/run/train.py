@@ -269,7 +269,9 @@ class Trainer:
         self.writer.start(config_mod.dump(cfg), environment(cfg.device_target, cfg.threads), base)
         cost = self.fixed_cost = FixedCost()
         try:
-            resolve_kernels(cfg)  # a missing or stale native library fails now, not after the MindSpore import
+            # which kernels `auto` picks, in the summary; a missing or stale native library fails now, not after
+            # the MindSpore import
+            self.extra_summary["kernels"] = resolve_kernels(cfg)
             with cost.phase("data"):
                 self._data()
             with cost.phase("import"):

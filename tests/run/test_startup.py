@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.record import load_run
+from helpers.run import kernels
 from tests.conftest import run_cli, tiny_args
 
 pytestmark = pytest.mark.slow
@@ -40,3 +41,5 @@ def test_fixed_cost_phases_are_in_the_summary(tmp_path, small_corpus):
     assert all(v >= 0 for v in cost.values())
     assert cost["import"] > 0.2 and cost["compile"] > 0.1  # importing MindSpore and a cold compile take time
     assert cost["total"] == pytest.approx(sum(v for k, v in cost.items() if k != "total"), abs=0.01)
+    # which kernels model.kernels=auto (the default) ran with
+    assert summary["kernels"] == ("native" if kernels.library_problem() == "" else "mindspore")
