@@ -43,8 +43,8 @@ _HOMES = {
     "helpers.book.widgets": ("round_panel", "suggestion_panel"),
     "helpers.book.planner": ("msrun_commands",),
     "helpers.book.tensorboard": ("export_tensorboard",),
-    "helpers.book.dp_study": ("comm_table", "dp_configs", "hand_arithmetic_7b", "loss_diff_plot",
-                              "loss_equivalence", "memory_check", "run_all", "strategy_table"),
+    "helpers.book.dp_study": ("comm_table", "dp_configs", "fusion_records", "fusion_study", "hand_arithmetic_7b",
+                              "loss_diff_plot", "loss_equivalence", "memory_check", "run_all", "strategy_table"),
 }
 _WHERE = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = sorted(_WHERE)

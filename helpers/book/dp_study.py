@@ -1,6 +1,8 @@
-"""What notebook 10 (data parallel) calls: its configs, its runs, its tables and its loss-equivalence check.
+"""What notebook 10 (data parallel) calls: its configs, its runs, the gradient-fusion rounds, its tables and its
+loss-equivalence check.
 
-Every figure comes from the run records (real runs) or from `planner` (arithmetic, labelled as an estimate).
+Every figure comes from the run records (real runs) or from `planner` (arithmetic, labelled as an estimate); every
+fusion verdict comes from `Workbook.run_round` (interleaved runs, the workbook's keep/reject rule).
 """
 from __future__ import annotations
 
@@ -14,23 +16,40 @@ from helpers.paths import absolute
 from helpers.book.planner import GB, MODELS, Strategy, eight_by_40gb, estimate, plan_rows, recommend, shape_of
 from helpers.record import RunRecord
 from helpers.spawn.runner import launch
+from helpers.tune.rounds import Workbook
+from helpers.tune.study import run_rounds
 from helpers.units import MIB
 
-FUSIONS = {"dp2 unfused": {"parallel.comm_fusion": "none"},
-           "dp2 fused by size": {"parallel.comm_fusion": "size"},
-           "dp2 fused by index": {"parallel.comm_fusion": "index", "parallel.fusion_indices": [5, 10]}}
 
 
 def dp_configs(preset: str, steps: int, corpus: str, batch_size: int, device_target: str = "CPU",
-               fusion_mb: int = 32) -> dict[str, Config]:
-    """The single-process baseline and DP=2 runs (unfused, fused by size, fused by index), same global batch."""
+               fusion_mb: int = 32, fusion_indices: list[int] | None = None) -> dict[str, Config]:
+    """The single process and the unfused DP=2 config (the fusion rounds' baseline), same global batch. The DP
+    config carries the fusion knobs' settings (bucket MB, split indices) so that a round changes comm_fusion only."""
     base = from_dict({"model": {"preset": preset}, "data": {"corpus": [corpus]}, "steps": steps,
                       "batch_size": batch_size, "warmup": max(1, steps // 10), "eval_every": 0,
                       "eval_batches": 4, "steady_after": max(2, min(5, steps // 5)),
-                      "device_target": device_target, "parallel": {"fusion_size_mb": fusion_mb}})
-    out = {"single process": base}
-    for label, knobs in FUSIONS.items():
-        out[label] = with_changes(base, {"parallel.data_parallel": 2, **knobs})
+                      "device_target": device_target,
+                      "parallel": {"fusion_size_mb": fusion_mb, "fusion_indices": fusion_indices or [5, 10]}})
+    return {"single process": base, "dp2 unfused": with_changes(base, {"parallel.data_parallel": 2})}
+
+
+def fusion_study(dp_unfused: Config, workbook_dir: str | os.PathLike, rounds: dict[str, dict], repeats: int = 2,
+                 progress: bool = True) -> tuple[Workbook, list]:
+    """The gradient-fusion rounds as real rounds: a workbook pinned to the unfused DP config (its baseline,
+    `repeats` runs), then `rounds` ({name: changes}, in order, each against the then-best) through
+    `Workbook.run_round`: candidates interleaved with reruns of the best, judged by the workbook's rule."""
+    wb = Workbook.create(workbook_dir, dp_unfused, repeats=repeats)
+    wb.baseline(progress=progress)
+    return wb, run_rounds(wb, rounds, progress=progress)
+
+
+def fusion_records(wb: Workbook, results: list) -> dict[str, RunRecord]:
+    """Every run of a fusion study by label (baseline runs, then each round's reference and candidate runs)."""
+    out = {f"baseline {k}": r for k, r in enumerate(wb.baseline_runs(), 1)}
+    for result in results:
+        for role, runs in (("reference", result.reference_runs), ("candidate", result.candidate_runs)):
+            out.update({f"{result.name} {role} {k}": r for k, r in enumerate(wb.load_runs(runs), 1)})
     return out
 
 
