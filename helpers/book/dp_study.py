@@ -21,7 +21,6 @@ from helpers.tune.study import run_rounds
 from helpers.units import MIB
 
 
-
 def dp_configs(preset: str, steps: int, corpus: str, batch_size: int, device_target: str = "CPU",
                fusion_mb: int = 32, fusion_indices: list[int] | None = None) -> dict[str, Config]:
     """The single process and the unfused DP=2 config (the fusion rounds' baseline), same global batch. The DP
