@@ -1,10 +1,12 @@
 """`make bench` item `speed` (imported by bench.py): the nano config's step time per formulation.
 
 Arms: `plain` (the formulation of commit 7c15080: MindSpore's LayerNorm/GELU/softmax kernels, per-tensor
-gradient norm), each knob alone on top of plain, and the new default (the config's defaults). Every arm is
-built in one child process (the trainer's own step Cell, same batches) and the arms take turns, `steps` steps
-each, for `rounds` rounds in rotating order: load that drifts over minutes hits every arm alike. Each step is
-synchronised by reading its loss. Reported per arm: p10 and median ms/step and tokens/s over every timed step;
+gradient norm), each knob alone on top of plain, and the new default (the config's defaults). Each turn of an arm
+is its own process running the trainer's own step Cell on the run's first batches (`warmup` steps untimed, then
+`steps` timed, each synchronised by reading its loss); the arms take turns for `rounds` rounds in rotating order,
+so load that drifts over minutes hits every arm alike. Not one process for all arms: there, the step time of a
+graph depended on how many graphs were built after it (the same plain config measured 64 ms/step built first and
+40 ms/step built last, interleaved). Reported per arm: p10 and median ms/step and tokens/s over every timed step;
 the speed-up is plain ÷ default on p10 and median, and per round (a pair = one plain and one default turn of the
 same round).
 """
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 from helpers.config import dump, load_config, with_changes
+from helpers.run.kernels import resolve_kernels
 from helpers.spawn.runner import child_env
 from helpers.tune.fusion import PLAIN_FORMULATION
 
@@ -43,44 +46,27 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
 
 
-def interleaved_steps(request: str) -> dict:
-    """Child side: build every arm's step Cell in this process and time them in turns.
-
-    `request` is a JSON file {"arms": {name: config yaml path}, "rounds": R, "steps": S, "warmup": W}.
-    Returns {name: [[ms per step of round 1], [round 2], ...]} plus the resolved kernels per arm.
-    """
+def arm_steps(config_yaml: str, steps: int, warmup: int) -> list[float]:
+    """Child side: ms of each of `steps` timed steps of the config's step Cell, after `warmup` untimed ones."""
     import mindspore as ms
-    from helpers.run.kernels import resolve_kernels
     from helpers.run.train import Trainer, configure_mindspore
-    spec = json.loads(Path(request).read_text())
-    names = list(spec["arms"])
-    cfgs = {n: load_config(spec["arms"][n]) for n in names}
-    configure_mindspore(cfgs[names[0]])  # process-wide settings are the same for every arm (only knobs differ)
-    steps, tmp = {}, tempfile.mkdtemp()
-    batches = None
-    for n in names:
-        trainer = Trainer(cfgs[n], Path(tmp) / n)
+    cfg = load_config(config_yaml)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(cfg, tmp)
+        configure_mindspore(cfg)
         trainer._build()
-        steps[n] = trainer.calls[0]
-        if batches is None:  # every arm trains on the same batches
-            it = trainer._train_dataset(0).create_tuple_iterator(num_epochs=1, output_numpy=True)
-            batches = [(ms.Tensor(x), ms.Tensor(y)) for (x, y), _ in zip(it, range(8))]
-        for i in range(spec["warmup"]):  # compile + warm-up, outside the timed window
-            steps[n](*batches[i % len(batches)])[0].asnumpy()
-    times = {n: [] for n in names}
-    for r in range(spec["rounds"]):
-        order = names[r % len(names):] + names[:r % len(names)]  # rotate: no arm always runs first or last
-        for n in order:
-            row = []
-            for i in range(spec["steps"]):
-                t0 = time.perf_counter()
-                steps[n](*batches[i % len(batches)])[0].asnumpy()
-                row.append((time.perf_counter() - t0) * 1000.0)
-            times[n].append(row)
-    return {"times": times, "kernels": {n: resolve_kernels(cfgs[n]) for n in names}}
+        it = trainer._train_dataset(0).create_tuple_iterator(num_epochs=1, output_numpy=True)
+        batches = [(ms.Tensor(x), ms.Tensor(y)) for (x, y), _ in zip(it, range(8))]
+        step, times = trainer.calls[0], []
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            step(*batches[i % len(batches)])[0].asnumpy()
+            if i >= warmup:
+                times.append((time.perf_counter() - t0) * 1000.0)
+    return times
 
 
-def item_speed(rounds: int = 6, steps: int = 20, warmup: int = 5, batch_size: int | None = None) -> dict:
+def item_speed(rounds: int = 5, steps: int = 40, warmup: int = 5, batch_size: int | None = None) -> dict:
     """ms/step and tokens/s of each arm on the nano config; speed-up of the new default over plain (goal ≥ 1.4)."""
     base = load_config(NANO)
     if batch_size:
@@ -92,14 +78,19 @@ def item_speed(rounds: int = 6, steps: int = 20, warmup: int = 5, batch_size: in
             path = Path(tmp) / f"{name.replace('=', '_')}.yaml"
             path.write_text(dump(with_changes(base, changes)))
             arms[name] = str(path)
-        request = Path(tmp) / "speed.json"
-        request.write_text(json.dumps({"arms": arms, "rounds": rounds, "steps": steps, "warmup": warmup}))
         load_before = os.getloadavg()
-        proc = subprocess.run([sys.executable, str(Path(__file__).with_name("bench.py")), "speedarms",
-                               str(request)], capture_output=True, text=True, cwd=REPO, env=child_env())
-        if proc.returncode != 0:
-            raise RuntimeError(f"speed arms failed: {proc.stderr[-1500:]}")
-        child = json.loads(proc.stdout.strip().splitlines()[-1])
+        names, times = list(arms), {name: [] for name in arms}
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:  # rotate: no arm always first or last
+                proc = subprocess.run([sys.executable, str(Path(__file__).with_name("bench.py")), "speedarm",
+                                       arms[name], str(steps), str(warmup)], capture_output=True, text=True,
+                                      cwd=REPO, env=child_env())
+                if proc.returncode != 0:
+                    raise RuntimeError(f"speed arm {name} failed: {proc.stderr[-1500:]}")
+                times[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(f"  speed round {r + 1}/{rounds}: " + ", ".join(f"{n} {statistics.median(times[n][-1]):.1f}"
+                                                                  for n in names) + " ms", flush=True)
+        child = {"times": times, "kernels": {n: resolve_kernels(load_config(arms[n])) for n in names}}
     out = {"config": "configs/nano.yaml", "batch_size": base.batch_size, "tokens_per_step": tokens,
            "rounds": rounds, "steps_per_turn": steps, "warmup_steps": warmup, "arm_changes": arm_configs(),
            "kernels": child["kernels"], "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
