@@ -54,7 +54,8 @@ class ModelConfig:
     bias: bool = _knob(True, "bias in Dense and LayerNorm cells")
     # Formulations: same math, different MindSpore ops (tests/run/test_kernels.py compares values and gradients).
     norm_backward: str = _knob("manual", "LayerNorm backward: MindSpore's LayerNormGrad, or hand-written from "
-                                         "elementwise/reduce ops (same gradient, faster on CPU)",
+                                         "elementwise/reduce ops (same gradient, faster on CPU; amp_level=O1 "
+                                         "always takes MindSpore's, its source rewrite refuses the other)",
                                choices=["mindspore", "manual"])
     gelu: str = _knob("erf_manual", "exact-erf GELU: nn.GELU(approximate=False) (mindspore), or erf arithmetic "
                                     "with a hand-written backward (erf_manual; same values, faster on CPU)",

@@ -5,6 +5,7 @@ model source and fails on functional `ops.cast`/`ops.mean` (see shared/mindspore
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 
@@ -302,7 +303,12 @@ def build_model(cfg: Config, vocab_size: int) -> nn.Cell:
             raise ValueError(f"model.build={cfg.model.build!r} cannot be imported ({exc}); "
                              f"check the module is on PYTHONPATH and defines {func_name}") from None
         return builder(cfg.model, vocab_size)
-    return GPT(cfg.model, vocab_size, resolve_kernels(cfg))
+    model_cfg = cfg.model
+    if cfg.amp_level == "O1" and model_cfg.norm_backward == "manual":
+        # AMP O1 rewrites the network's source and fails on the hand-written-backward LayerNorm subclass
+        # ("LayerNormOpt.__init__() takes 1 positional argument but 2 were given"): it gets MindSpore's
+        model_cfg = dataclasses.replace(model_cfg, norm_backward="mindspore")
+    return GPT(model_cfg, vocab_size, resolve_kernels(cfg))
 
 
 def count_params(net: nn.Cell) -> int:

@@ -247,3 +247,22 @@ def test_missing_or_stale_library_is_one_actionable_line(tmp_path, monkeypatch):
 def test_the_built_library_is_current():
     """The repository's library matches its sources (make kernels ran after the last edit)."""
     assert kernels.library_problem() == ""
+
+
+def test_amp_o1_takes_mindspores_layernorm_and_trains():
+    """AMP O1 rewrites the model's source and refuses the hand-written-backward LayerNorm; build_model gives O1
+    MindSpore's own (and the manual one everywhere else)."""
+    import mindspore as ms
+    from mindspore import ops
+    from helpers.run.model import LayerNorm, LossNet, build_model
+    from helpers.run.precision import apply_precision
+    o0 = from_dict({"model": {"preset": "tiny", "kernels": "mindspore"}})
+    assert any(isinstance(c, LayerNorm) and c.impl == "manual" for _, c in build_model(o0, 50).cells_and_names())
+    cfg = from_dict({"model": {"preset": "tiny"}, "amp_level": "O1"})
+    ms.set_seed(0)
+    net = LossNet(apply_precision(build_model(cfg, 50), cfg), 50)
+    assert not any(isinstance(c, LayerNorm) for _, c in net.cells_and_names())
+    data = np.random.default_rng(3).integers(0, 50, (4, 33)).astype(np.int32)
+    x, y = ms.Tensor(data[:, :-1]), ms.Tensor(data[:, 1:])
+    grads = ops.GradOperation(get_by_list=True)(net, net.trainable_params())(x, y)
+    assert np.isfinite(float(net(x, y).asnumpy())) and all(np.isfinite(g.asnumpy()).all() for g in grads)
