@@ -149,6 +149,11 @@ class Config:
                                    "(flat; same value, fewer ops)", choices=["per_tensor", "flat"])
     eval_every: int = _knob(100, "steps between validation passes; 0 = only at the end", ge=0)
     eval_batches: int = _knob(20, "validation batches per pass", ge=1)
+    # Time to quality: an arm trains until it is good enough, or until a cap (its schedule's steps, or seconds).
+    target_val_loss: float = _knob(0.0, "end the run (status ok) at the first validation pass with val loss ≤ "
+                                        "this, in nats/token; 0 = off", ge=0.0)
+    max_time_s: float = _knob(0.0, "end the run (status ok, a validation pass made) once this many wall seconds "
+                                   "have passed since its process started; 0 = off", ge=0.0)
     seed: int = _knob(1337, "seed for init, data order and dropout", ge=0)
     steady_after: int = _knob(5, "first steps (compile, warm-up) left out of steady-state statistics", ge=1)
     mode: str = _knob("graph", "MindSpore execution mode", choices=["graph", "pynative"])
@@ -298,6 +303,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"betas={cfg.betas!r} must be two numbers in [0, 1), e.g. betas=[0.9, 0.99]")
     if cfg.min_lr > cfg.lr:
         raise ConfigError(f"min_lr={cfg.min_lr} is above lr={cfg.lr}; set min_lr <= lr")
+    if cfg.target_val_loss and not cfg.eval_every:
+        raise ConfigError(f"target_val_loss={cfg.target_val_loss:g} is checked at validation passes and "
+                          f"eval_every=0 evaluates only at the end; set eval_every (e.g. eval_every=50)")
     if cfg.steady_after >= cfg.steps:
         raise ConfigError(f"steady_after={cfg.steady_after} leaves no steady window in steps={cfg.steps}; "
                           f"raise steps or lower steady_after")

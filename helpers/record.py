@@ -26,7 +26,7 @@ CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, ENV_FILE = "config.yaml", "metrics.csv"
 
 METRIC_COLUMNS = ["step", "step_time_ms", "data_wait_ms", "tokens", "tokens_per_s", "loss", "loss_ema",
                   "grad_norm", "loss_scale", "overflow", "lr", "rss_bytes", "device_memory_bytes",
-                  "val_loss", "val_ppl", "loss_drop_per_ktok", "alarms"]
+                  "val_loss", "val_ppl", "loss_drop_per_ktok", "elapsed_s", "alarms"]
 TEXT_COLUMNS = {"alarms"}  # read back as text, not numbers
 
 # 2: the bottleneck is `bottleneck` (was `verdict`), comm shares have a name per quantity, `record_version` itself.

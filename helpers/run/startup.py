@@ -17,8 +17,8 @@ from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import DATA_CACHE
 
-# Keys that do not change the compiled graph: where the cache lives, and where a resume starts from.
-_NOT_IN_GRAPH = ("compile_cache", "compile_cache_path", "resume_from")
+# Keys that do not change the compiled graph: where the cache lives, where a resume starts from, when a run ends.
+_NOT_IN_GRAPH = ("compile_cache", "compile_cache_path", "resume_from", "target_val_loss", "max_time_s")
 
 
 def process_age_s() -> float:

@@ -225,6 +225,27 @@ class Trainer:
         for old in sorted(folder.glob("step_*.ckpt"))[:-self.cfg.keep_checkpoints]:
             old.unlink(missing_ok=True)
 
+    def _validate(self, row: dict) -> None:
+        """A validation pass into `row` (val_loss in nats/token, val_ppl)."""
+        row["val_loss"] = self.evaluate()
+        row["val_ppl"] = math.exp(min(row["val_loss"], 50.0))
+
+    def _early_end(self, row: dict) -> str:
+        """Why the run ends at this row before its last step, or "": its val loss reached `target_val_loss`, or
+        `max_time_s` wall seconds have passed (a validation pass is then made, so its curve ends where it stopped;
+        `elapsed_s` is updated to include it)."""
+        cfg = self.cfg
+        if cfg.target_val_loss and row["val_loss"] is not None and row["val_loss"] <= cfg.target_val_loss:
+            return (f"reached target_val_loss={cfg.target_val_loss:g}: val loss {row['val_loss']:.4f} at step "
+                    f"{row['step']}, {row['elapsed_s']:.1f} s after the process started")
+        if cfg.max_time_s and row["elapsed_s"] >= cfg.max_time_s and row["step"] < cfg.steps:
+            if row["val_loss"] is None:
+                self._validate(row)
+                row["elapsed_s"] = time.perf_counter() - self._clock0
+            return (f"time cap max_time_s={cfg.max_time_s:g} s passed at step {row['step']} "
+                    f"({row['elapsed_s']:.1f} s, val loss {row['val_loss']:.4f})")
+        return ""
+
     def evaluate(self) -> float:
         """Mean validation loss over the fixed validation batches (nats/token)."""
         self.eval_net.set_train(False)
@@ -268,6 +289,10 @@ class Trainer:
             base["resumed_from"] = str(_resume_source(cfg.resume_from)[1])
         self.writer.start(config_mod.dump(cfg), environment(cfg.device_target, cfg.threads), base)
         cost = self.fixed_cost = FixedCost()
+        # elapsed_s counts from this process's creation (start, imports, compile, evaluation: all a user pays);
+        # a resumed run goes on from the seconds its earlier rows had already taken
+        before = next((r["elapsed_s"] for r in reversed(self.writer.rows) if r.get("elapsed_s") is not None), 0.0)
+        self._clock0 = time.perf_counter() - cost.seconds["start"] - before
         try:
             # which kernels `auto` picks, in the summary; a missing or stale native library fails now, not after
             # the MindSpore import
@@ -343,8 +368,9 @@ class Trainer:
             bad = "loss" if not math.isfinite(loss) else (
                 "gradient norm" if cfg.loss_scale == "none" and not math.isfinite(norm) else "")
             if not bad and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps):
-                row["val_loss"] = self.evaluate()
-                row["val_ppl"] = math.exp(min(row["val_loss"], 50.0))
+                self._validate(row)
+            row["elapsed_s"] = time.perf_counter() - self._clock0
+            good_enough = "" if bad else self._early_end(row)
             stop = self.hooks.after_row(row)
             self.writer.add(row, time.perf_counter())
             if self.progress:
@@ -353,6 +379,9 @@ class Trainer:
                 return Outcome("nan", _nan_reason(step, last_good, row["lr"], scale, bad, cfg), start)
             if stop:
                 return Outcome("stopped", stop, start)
+            if good_enough:  # reached the target or the time cap: a finished run (status ok) that ended early
+                self._save_checkpoint(step)
+                return Outcome("ok", good_enough, start)
             last_good = step
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step != cfg.steps:
                 self._save_checkpoint(step)

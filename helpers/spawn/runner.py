@@ -47,12 +47,7 @@ def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc:
         from tqdm.auto import tqdm
         bar = tqdm(total=cfg.steps, desc=desc or run_dir.name, unit="step", leave=True)
     try:
-        with open(run_dir / "train.log", "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=child_env(), cwd=REPO_ROOT,
-                                    text=True)
-            for line in proc.stdout:
-                _show(bar, line)
-            proc.wait(timeout=timeout_s)
+        code = stream_child(cmd, run_dir / "train.log", lambda line: _show(bar, line), timeout_s)
     finally:
         Path(request).unlink(missing_ok=True)
         if bar is not None:
@@ -61,8 +56,17 @@ def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc:
         return load_run(run_dir)
     except RecordError:
         tail = (run_dir / "train.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"training process exited {proc.returncode} without a record; log tail:\n{tail}") \
-            from None
+        raise RuntimeError(f"training process exited {code} without a record; log tail:\n{tail}") from None
+
+
+def stream_child(cmd: list[str], log_path: Path, on_line, timeout_s: float | None = None) -> int:
+    """Run a helpers child process in the repository: each stdout line to `on_line`, stderr appended to
+    `log_path`; returns its exit code."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=child_env(), cwd=REPO_ROOT, text=True)
+        for line in proc.stdout:
+            on_line(line)
+        return proc.wait(timeout=timeout_s)
 
 
 def _show(bar, line: str) -> None:

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from helpers.config import Config, with_changes
 from helpers.record import RunRecord
 from helpers.tune.rules import Verdict, t975
 from helpers.units import mib_text
@@ -23,7 +24,11 @@ from helpers.run.memory import memory_label
 # measures tokens/s, which they do not move, so `Workbook.run_round` warns and points to objective="convergence".
 CONVERGENCE_VARIABLES = ("lr", "warmup", "schedule", "min_lr", "max_grad_norm", "weight_decay", "betas", "eps",
                          "model.dropout")
-OBJECTIVES = ("speed", "convergence")
+TIME_TO_TARGET = "time_to_target"
+OBJECTIVES = ("speed", "convergence", TIME_TO_TARGET)
+# The recipe: what a time-to-target round may change together (the schedule's length, steps, included: the
+# comparison is in wall seconds to a val loss, not at equal steps or tokens).
+RECIPE = ("lr", "warmup", "steps", "schedule", "min_lr", "batch_size", "grad_accum_steps")
 
 
 def convergence_rule_text(memory_limit_bytes: int) -> str:
@@ -32,23 +37,28 @@ def convergence_rule_text(memory_limit_bytes: int) -> str:
             "run evaluated at; eval points interpolated on cumulative tokens) is below the reference's by more "
             "than the seed band (95% Student-t half-width of the pooled seed-to-seed spread of both arms), and "
             f"peak memory ≤ {mib_text(memory_limit_bytes)}; above by more than the band → reject; otherwise → no "
-            "change; a run that did not finish → failed. Time to target (wall seconds of training steps until "
-            "validation loss ≤ the level every reference seed reached) is reported, not judged")
+            "change; a run that did not finish → failed. Time to target (wall seconds since the run's process "
+            "started, evaluation included, until validation loss ≤ the level every reference seed reached) is "
+            "reported, not judged")
 
 
 def eval_curve(run: RunRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(cumulative tokens, validation loss in nats/token, cumulative step seconds) at each validation pass.
+    """(cumulative tokens, validation loss in nats/token, wall seconds) at each validation pass.
 
     Tokens count every step up to and including the eval step (tokens_per_step = batch × accum × seq_len, from
-    the metrics rows); seconds are the sum of step times (compile step included, validation passes not).
+    the metrics rows). Seconds are what the user pays: the row's `elapsed_s`, wall seconds since the training
+    process started (interpreter start, imports, data, compile, every step and validation pass up to this one
+    included); records written before that column existed fall back to the sum of step times (compile step
+    included, start-up and validation passes not).
     """
-    tokens = seconds = 0.0
+    tokens = steps_s = 0.0
     points = []
     for row in run.metrics:
         tokens += row["tokens"]
-        seconds += (row.get("step_time_ms") or 0.0) / 1000.0
+        steps_s += (row.get("step_time_ms") or 0.0) / 1000.0
         if row.get("val_loss") is not None and math.isfinite(row["val_loss"]):
-            points.append((tokens, row["val_loss"], seconds))
+            elapsed = row.get("elapsed_s")
+            points.append((tokens, row["val_loss"], steps_s if elapsed is None else elapsed))
     arr = np.array(points, dtype=np.float64).reshape(-1, 3)
     return arr[:, 0], arr[:, 1], arr[:, 2]
 
@@ -79,8 +89,9 @@ def val_loss_at(run: RunRecord, tokens: float) -> float:
 
 
 def time_to_target(run: RunRecord, target: float) -> float | None:
-    """Wall seconds of training steps until validation loss first reaches ≤ `target` (nats/token), linearly
-    interpolated between the two eval passes that bracket the crossing; None if the run never reaches it."""
+    """Wall seconds (`eval_curve`'s: since the process started, evaluation included) until validation loss first
+    reaches ≤ `target` (nats/token), linearly interpolated between the two eval passes that bracket the
+    crossing; None if the run never reaches it ("did not reach": it gets no time)."""
     _, loss, seconds = eval_curve(run)
     for i, value in enumerate(loss):
         if value <= target:
@@ -92,7 +103,8 @@ def time_to_target(run: RunRecord, target: float) -> float | None:
 
 
 def seed_band(reference: Sequence[float], candidate: Sequence[float]) -> float:
-    """Half-width (nats/token) inside which a difference of the two arms' mean validation losses is noise.
+    """Half-width inside which a difference of the two arms' means is noise, in the values' unit (nats/token for
+    validation losses, seconds for times to target).
 
         band = t · √( v · (1/k_R + 1/k_C) ),  v = variance of the seeds' losses pooled over both arms
     (degrees of freedom k_R − 1 + k_C − 1), t = the two-sided 95% Student-t quantile for them. With two seeds
@@ -157,24 +169,130 @@ def judge_convergence(reference: Sequence[RunRecord], candidate: Sequence[RunRec
     """
     f = figures(reference, candidate, target)
     ref_mean, cand_mean = float(np.mean(f.reference_losses)), float(np.mean(f.candidate_losses))
-    if f.delta < -f.band:
-        decision, where = "keep", "below"
-    elif f.delta > f.band:
-        decision, where = "reject", "above"
-    else:
-        decision, where = "no change", "within"
+    decision, where = _against_band(f.delta, f.band)
+    speedup, memory_ratio, over_memory, side = _speed_and_memory(reference, candidate, memory_limit_bytes)
+    if over_memory:
+        decision = "reject"
+    reason = (f"val loss at {f.tokens:,.0f} tokens {ref_mean:.4f} → {cand_mean:.4f} ({f.delta:+.4f}) {where} seed "
+              f"band ±{f.band:.4f} ({len(f.reference_losses)}+{len(f.candidate_losses)} seeds); time to val loss "
+              f"{f.target:.4f}: {_times_text(f.reference_times)} → {_times_text(f.candidate_times)}; {side} → "
+              f"{decision}" + (" (over the memory limit)" if over_memory else ""))
+    return Verdict(decision, reason, speedup, f.band, f.delta / ref_mean, memory_ratio,
+                   convergence_rule_text(memory_limit_bytes))
+
+
+def _against_band(delta: float, band: float) -> tuple[str, str]:
+    """(decision, where) of a candidate − reference difference against its seed band (lower is better)."""
+    if delta < -band:
+        return "keep", "below"
+    if delta > band:
+        return "reject", "above"
+    return "no change", "within"
+
+
+def _speed_and_memory(reference: Sequence[RunRecord], candidate: Sequence[RunRecord],
+                      memory_limit_bytes: int) -> tuple[float, float, bool, str]:
+    """(median tokens/s ratio, median peak-memory ratio, candidate peak over the limit, the reason's words).
+    The tokens/s ratio is None when a run has none (one stopped by a time cap before its steady window)."""
     peak = max(r.summary["peak_memory_bytes"] for r in candidate)
     memory_ratio = (float(np.median([r.summary["peak_memory_bytes"] for r in candidate]))
                     / float(np.median([r.summary["peak_memory_bytes"] for r in reference])))
-    over_memory = peak > memory_limit_bytes
+    over = peak > memory_limit_bytes
+    rates = [[r.summary.get("tokens_per_s") for r in group] for group in (candidate, reference)]
+    speedup = (float(np.median(rates[0]) / np.median(rates[1])) if all(v for g in rates for v in g) else None)
+    return speedup, memory_ratio, over, (f"tokens/s {'n/a' if speedup is None else f'{speedup - 1:+.1%}'}; "
+                                         f"{memory_label(candidate[0].summary)} "
+                                         f"{memory_ratio:.2f}× ({mib_text(peak)} {'>' if over else '≤'} limit "
+                                         f"{mib_text(memory_limit_bytes)})")
+
+
+# ------------------------------------------------------------------------------------- time to target
+
+def ttq_rule_text(memory_limit_bytes: int) -> str:
+    """The time-to-target rule with its thresholds, as printed in every time-to-target verdict."""
+    return ("each arm trains until its validation loss ≤ the target (or its steps or time cap end); its time to "
+            "target counts wall seconds since the run's process started — start-up, imports, data, compile, every "
+            "step and validation pass: everything the user pays — interpolated between the validation passes that "
+            "bracket the crossing; a run that never gets there did not reach and has no time. keep only if every "
+            "candidate seed reached the target and their mean time is below the reference's by more than the seed "
+            "band (95% Student-t half-width of the pooled seed-to-seed spread of both arms' times), or every "
+            "candidate seed reached it and a reference seed did not; reject if a candidate seed did not reach it "
+            "while every reference seed did, or its mean time is above by more than the band, or peak memory > "
+            f"{mib_text(memory_limit_bytes)}; otherwise no change; a run that did not finish → failed")
+
+
+@dataclass
+class TimeFigures:
+    """The numbers a time-to-target verdict is made of: seconds per seed (None = did not reach), the band (s)."""
+    target: float
+    reference_times: list[float | None]
+    candidate_times: list[float | None]
+    band: float | None  # only when every seed of both arms reached the target
+
+    @staticmethod
+    def reached(times: list[float | None]) -> bool:
+        """Whether every seed of an arm reached the target (only then does the arm have a time)."""
+        return all(t is not None for t in times)
+
+    @property
+    def delta(self) -> float | None:
+        """Candidate − reference mean seconds to target (negative = candidate there sooner); None unless both
+        arms reached it on every seed."""
+        if self.band is None:
+            return None
+        return float(np.mean(self.candidate_times) - np.mean(self.reference_times))
+
+
+def time_figures(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], target: float) -> TimeFigures:
+    """Seconds to `target` (nats/token) per seed of each arm, and the seed band when both arms reached it."""
+    ref = [time_to_target(r, target) for r in reference]
+    cand = [time_to_target(r, target) for r in candidate]
+    band = seed_band(ref, cand) if TimeFigures.reached(ref) and TimeFigures.reached(cand) else None
+    return TimeFigures(float(target), ref, cand, band)
+
+
+def ttq_arms(cand: Config, best: Config, target: float, time_cap_s: float | None = None) -> tuple[Config, Config]:
+    """(candidate, reference) configs as a time-to-target round trains them: both end at their first validation
+    pass with val loss ≤ `target`; the candidate also once `time_cap_s` wall seconds have passed (an arm not there
+    by then cannot beat the best). Both compile cold (no compile cache): a recipe change is a new graph, and a
+    warm reference against a cold candidate would charge the candidate alone for compiling. The round's rollback
+    point keeps the candidate's own config."""
+    ends = {"target_val_loss": float(target), "compile_cache": False}
+    return (with_changes(cand, {**ends, **({"max_time_s": float(time_cap_s)} if time_cap_s else {})}),
+            with_changes(best, ends))
+
+
+def seed_times_text(times: list[float | None]) -> str:
+    """Each seed's seconds to target, "did not reach" where it has none; the mean only when all reached."""
+    each = ", ".join("did not reach" if t is None else f"{t:.1f} s" for t in times)
+    return f"mean {np.mean(times):.1f} s ({each})" if TimeFigures.reached(times) else f"did not reach ({each})"
+
+
+def judge_time_to_target(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], memory_limit_bytes: int,
+                         target: float) -> Verdict:
+    """Apply the time-to-target rule (`ttq_rule_text`) to the two arms' seed runs (all status ok).
+
+    Verdict fields: speedup = reference ÷ candidate mean seconds to target (> 1: the candidate gets there
+    sooner; None unless both arms reached it on every seed); noise_band = the seed band in seconds;
+    loss_drift = None (not judged); memory_ratio = median peak memory ratio.
+    """
+    f = time_figures(reference, candidate, target)
+    ref_ok, cand_ok = TimeFigures.reached(f.reference_times), TimeFigures.reached(f.candidate_times)
+    speedup = None
+    if f.band is not None:
+        speedup = float(np.mean(f.reference_times) / np.mean(f.candidate_times))
+        decision, where = _against_band(f.delta, f.band)
+        judged = f"{f.delta:+.1f} s, {where} the seed band ±{f.band:.1f} s"
+    elif cand_ok:
+        decision, judged = "keep", "every candidate seed reached it, the reference did not"
+    elif ref_ok:
+        decision, judged = "reject", "the candidate did not reach it, the reference did"
+    else:
+        decision, judged = "no change", "neither arm reached it on every seed"
+    _, memory_ratio, over_memory, side = _speed_and_memory(reference, candidate, memory_limit_bytes)
     if over_memory:
         decision = "reject"
-    speedup = (float(np.median([r.summary["tokens_per_s"] for r in candidate]))
-               / float(np.median([r.summary["tokens_per_s"] for r in reference])))
-    reason = (f"val loss at {f.tokens:,.0f} tokens {ref_mean:.4f} → {cand_mean:.4f} ({f.delta:+.4f}) {where} seed "
-              f"band ±{f.band:.4f} ({len(f.reference_losses)}+{len(f.candidate_losses)} seeds); time to val loss "
-              f"{f.target:.4f}: {_times_text(f.reference_times)} → {_times_text(f.candidate_times)}; tokens/s "
-              f"{speedup - 1:+.1%}; {memory_label(candidate[0].summary)} {memory_ratio:.2f}× ({mib_text(peak)} {'>' if over_memory else '≤'} limit"
-              f" {mib_text(memory_limit_bytes)}) → {decision}" + (" (over the memory limit)" if over_memory else ""))
-    return Verdict(decision, reason, speedup, f.band, f.delta / ref_mean, memory_ratio,
-                   convergence_rule_text(memory_limit_bytes))
+    reason = (f"time to val loss {f.target:.4f} (wall s since process start, evaluation included): reference "
+              f"{seed_times_text(f.reference_times)} → candidate {seed_times_text(f.candidate_times)}; {judged}; "
+              f"{side} → {decision}" + (" (over the memory limit)" if over_memory else ""))
+    return Verdict(decision, reason, speedup, f.band, None, memory_ratio, ttq_rule_text(memory_limit_bytes))

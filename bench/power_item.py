@@ -1,0 +1,237 @@
+"""`make bench` item `power` (imported by bench.py): can one default speed round see a 5% change, and what does
+it cost?
+
+The candidate carries a test-only `model.ballast`: a real MatMul whose output enters the loss multiplied by zero
+(helpers/run/model.py), so it costs step time and changes nothing else. Its width is calibrated first to +5% and
++10% step time by one long paired measurement (a probe width, 24 block pairs, the cost taken as linear in width).
+Then, per condition — `quiet` (nothing started by the bench; the 1-minute load average is sampled throughout and
+recorded) and `hog` (one busy-loop process the bench starts itself, alongside every round) — `trials` rounds of
+each of A/A (`Workbook.aa_check`), +5% and +10% (`Workbook.run_round({"model.ballast": width})`), interleaved,
+on the nano preset with the workbook's default config (helpers.tune.study.base_config: 50 steps).
+Expected: A/A → "no change", ballast → "reject" (slower). A ballast round wrongly kept is rolled back, so the
+best stays the baseline.
+
+Also the wall time of one round at commit 7c15080 (four processes of 50 nano steps: its `aa_check`), run from a
+git worktree of that commit in this same bench run, against the new rounds' wall times.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from helpers.config import with_changes
+from helpers.spawn.paired import launch_pair
+from helpers.spawn.runner import child_env
+from helpers.tune.paired import SpeedPlan, log_ratios, trimmed_interval
+from helpers.tune.rounds import Workbook
+from helpers.tune.study import base_config
+
+REPO = Path(__file__).resolve().parent.parent
+OLD_COMMIT = "7c15080"
+OLD_TREE = Path(tempfile.gettempdir()) / f"workbook_{OLD_COMMIT}"
+FRACTIONS = {"+5%": 0.05, "+10%": 0.10}
+EXPECTED = {"A/A": "no change", "+5%": "reject", "+10%": "reject"}
+QUIET_LOAD = 1.5  # the issue's "quiet": 1-minute load average ≤ 1.5 throughout
+PROBE_WIDTH = 1024  # calibration probe: about +10% on the nano preset
+CALIBRATION = SpeedPlan(block_steps=8, looks=(24,), alphas=(0.01,))
+# Must-show thresholds of issue 12, scaled to the trials run (19 of 20 → 95%, 18 of 20 → 90%).
+MUST = {("quiet", "A/A"): 0.95, ("hog", "A/A"): 0.90, ("quiet", "+5%"): 0.95, ("hog", "+10%"): 0.90}
+
+
+class LoadSampler:
+    """The 1-minute load average every `every_s` seconds in a thread, between start() and stop()."""
+
+    def __init__(self, every_s: float = 2.0):
+        self.every_s, self.values = every_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.values.append(os.getloadavg()[0])
+            self._stop.wait(self.every_s)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        v = self.values or [os.getloadavg()[0]]
+        return {"min": min(v), "max": max(v), "mean": sum(v) / len(v), "samples": len(v)}
+
+
+def calibrate(cfg, probe: int = PROBE_WIDTH) -> dict:
+    """Ballast widths for +5% and +10% step time: one paired process (ballast `probe` vs none, 24 pairs); the
+    step-time factor per unit of width is taken as constant (a MatMul's cost grows linearly in its width)."""
+    with tempfile.TemporaryDirectory() as tmp, LoadSampler() as load:
+        heavy = with_changes(cfg, {"model.ballast": probe})
+        _, _, raw, error = launch_pair(cfg, heavy, Path(tmp), CALIBRATION.to_dict(), progress=False)
+    if error or not raw or len(raw["pairs"]) < CALIBRATION.max_pairs:
+        raise RuntimeError(f"ballast calibration failed: {error or (raw or {}).get('reason')}")
+    x = log_ratios(raw["pairs"], 1, 1, CALIBRATION.rank)
+    iv = trimmed_interval(x, 0.01, CALIBRATION.trim)
+    slowdown = math.exp(-iv.estimate) - 1  # step time factor − 1 at the probe width
+    widths = {name: max(1, round(probe * f / slowdown)) for name, f in FRACTIONS.items()}
+    return {"probe_width": probe, "probe_step_time_increase": slowdown,
+            "probe_interval": [math.exp(-iv.high) - 1, math.exp(-iv.low) - 1], "pairs": iv.pairs,
+            "widths": widths, "load_1min": load.summary()}
+
+
+def _hog() -> subprocess.Popen:
+    """One busy-loop process (one core's worth of interference)."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def _trial(wb: Workbook, kind: str, width: int | None, i: int, condition: str) -> dict:
+    t0 = time.perf_counter()
+    with LoadSampler() as load:
+        if kind == "A/A":
+            v = wb.aa_check(progress=False)
+        else:
+            r = wb.run_round(f"ballast{width}_{condition}_{i}", {"model.ballast": width}, progress=False)
+            v = r.verdict
+            if r.decision == "keep":  # a wrongly kept ballast must not become the reference of later trials
+                wb.rollback(0)
+    return {"kind": kind, "decision": v.decision, "expected": EXPECTED[kind], "speedup": v.speedup,
+            "interval": v.interval, "half_width": v.noise_band, "pairs": v.pairs, "path": v.path,
+            "wall_s": time.perf_counter() - t0, "load_1min": load.summary(), "reason": v.reason}
+
+
+def old_round_wall(cfg, rounds: int) -> dict:
+    """Wall seconds of `rounds` A/A rounds at commit 7c15080 (its 4-process `aa_check`), from a worktree."""
+    if not (OLD_TREE / "helpers").is_dir():
+        subprocess.run(["git", "worktree", "add", "--detach", str(OLD_TREE), OLD_COMMIT], cwd=REPO, check=True,
+                       capture_output=True)
+    code = ("import json, sys, time, tempfile\n"
+            "from pathlib import Path\n"
+            "from helpers.rounds import Workbook\n"
+            "from helpers.study import base_config\n"
+            f"cfg = base_config('nano', {cfg.steps}, {str(REPO / 'data' / 'cache' / 'tinyshakespeare.txt')!r})\n"
+            "wb = Workbook.create(Path(tempfile.mkdtemp()) / 'wb', cfg, repeats=2)\n"
+            "wb.baseline(progress=False)\n"
+            "walls = []\n"
+            f"for _ in range({rounds}):\n"
+            "    t0 = time.perf_counter(); v = wb.aa_check(progress=False); walls.append(time.perf_counter() - t0)\n"
+            "print(json.dumps(walls))\n")
+    env = {**child_env(), "PYTHONPATH": str(OLD_TREE)}
+    with LoadSampler() as load:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=OLD_TREE, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"old round at {OLD_COMMIT} failed: {proc.stderr[-1500:]}")
+    import json
+    walls = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"commit": OLD_COMMIT, "round": "aa_check (4 processes of 50 nano steps, repeats 2)", "wall_s": walls,
+            "median_s": statistics.median(walls), "load_1min": load.summary()}
+
+
+def _rates(done: list[dict]) -> dict:
+    out = {}
+    for kind in EXPECTED:
+        rows = [t for t in done if t["kind"] == kind]
+        if not rows:
+            continue
+        hw = [t["half_width"] for t in rows if t["half_width"] is not None]
+        out[kind] = {"trials": len(rows), "as_expected": sum(t["decision"] == t["expected"] for t in rows),
+                     "decisions": {d: sum(t["decision"] == d for t in rows) for d in
+                                   ("keep", "reject", "no change", "failed")},
+                     "half_width_median": statistics.median(hw) if hw else None,
+                     "pairs_median": statistics.median([t["pairs"] or 0 for t in rows]),
+                     "wall_s_median": statistics.median([t["wall_s"] for t in rows]),
+                     "speedup_median": statistics.median([t["speedup"] for t in rows if t["speedup"]] or [math.nan])}
+    return out
+
+
+def item_power(trials: int = 20, conditions: tuple[str, ...] = ("quiet", "hog"), old_rounds: int = 2) -> dict:
+    """The power benchmark (see the module docstring); returns what goes to bench/results/power.json."""
+    cfg = base_config("nano", 50)
+    t_start = time.perf_counter()
+    out = {"config": {"preset": "nano", "steps": cfg.steps, "trials": trials}, "cores": os.cpu_count(),
+           "calibration": calibrate(cfg)}
+    widths = out["calibration"]["widths"]
+    print(f"  ballast widths {widths} (probe {PROBE_WIDTH}: "
+          f"+{100 * out['calibration']['probe_step_time_increase']:.1f}% step time)", flush=True)
+    out["old_round"] = old_round_wall(cfg, old_rounds)
+    print(f"  round at {OLD_COMMIT}: {out['old_round']['wall_s']} s", flush=True)
+    for condition in conditions:
+        hog = _hog() if condition == "hog" else None
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                wb = Workbook.create(Path(tmp) / "wb", cfg, repeats=2)
+                wb.baseline(progress=False)
+                done = []
+                for i in range(trials):
+                    for kind in EXPECTED:
+                        done.append(_trial(wb, kind, widths.get(kind), i, condition))
+                        t = done[-1]
+                        print(f"  {condition} {kind} {i + 1}/{trials}: {t['decision']} ({t['wall_s']:.1f} s, load "
+                              f"{t['load_1min']['max']:.1f}) {t['reason'][:150]}", flush=True)
+        finally:
+            if hog is not None:
+                hog.kill()
+                hog.wait()
+        loads = [t["load_1min"] for t in done]
+        out[condition] = {"rates": _rates(done), "trials": done,
+                          "load_1min": {"min": min(x["min"] for x in loads), "max": max(x["max"] for x in loads)},
+                          "quiet_throughout": condition == "quiet" and max(x["max"] for x in loads) <= QUIET_LOAD}
+    new = out.get("quiet", out.get("hog", {})).get("rates", {}).get("A/A", {}).get("wall_s_median")
+    out["round_wall"] = {"new_aa_median_s": new, "old_median_s": out["old_round"]["median_s"],
+                         "ratio": new / out["old_round"]["median_s"] if new else None, "goal": "<= 0.5"}
+    out["must"] = _must(out)
+    out["wall_s"] = time.perf_counter() - t_start
+    return out
+
+
+def _must(out: dict) -> dict:
+    """The issue's must-show lines that this run measured; ok only when every one holds."""
+    lines, ok = [], True
+    for (condition, kind), share in MUST.items():
+        r = out.get(condition, {}).get("rates", {}).get(kind)
+        if r:
+            hit = r["as_expected"] >= math.ceil(share * r["trials"])
+            ok &= hit
+            lines.append(f"{condition} {kind}: {r['as_expected']}/{r['trials']} as expected "
+                         f"({'≥' if hit else '<'} {share:.0%})")
+    aa = out.get("quiet", {}).get("rates", {}).get("A/A")
+    if aa and aa["half_width_median"] is not None:
+        hit = aa["half_width_median"] <= 0.025
+        ok &= hit
+        lines.append(f"quiet A/A median half-width ±{100 * aa['half_width_median']:.2f}% "
+                     f"({'≤' if hit else '>'} 2.5%)")
+    ratio = out["round_wall"]["ratio"]
+    if ratio:
+        ok &= ratio <= 0.5
+        lines.append(f"round wall ×{ratio:.2f} of the {OLD_COMMIT} round ({'≤' if ratio <= 0.5 else '>'} 0.5)")
+    return {"ok": bool(ok), "text": "; ".join(lines)}
+
+
+def power_rows(results: dict) -> list[str]:
+    """Rows of bench/results/README.md for the power item."""
+    if "power" not in results:
+        return []
+    r = results["power"]
+    rows = []
+    for condition in ("quiet", "hog"):
+        if condition not in r:
+            continue
+        c = r[condition]
+        parts = [f"{kind} {v['as_expected']}/{v['trials']} as expected (±{100 * (v['half_width_median'] or 0):.1f}% "
+                 f"median half-width, {v['pairs_median']:.0f} pairs, {v['wall_s_median']:.1f} s)"
+                 for kind, v in c["rates"].items()]
+        rows.append(f"| power, nano, {condition} (load {c['load_1min']['min']:.1f}–{c['load_1min']['max']:.1f}) | "
+                    f"{'; '.join(parts)} | A/A ≥ 19/20 quiet, ≥ 18/20 hog; +5% ≥ 19/20 quiet; +10% ≥ 18/20 hog |")
+    w = r["round_wall"]
+    if w["ratio"]:
+        rows.append(f"| one default round vs commit {OLD_COMMIT} | {w['new_aa_median_s']:.1f} s vs "
+                    f"{w['old_median_s']:.1f} s (×{w['ratio']:.2f}) | ≤ ×0.5 |")
+    return rows

@@ -1,0 +1,177 @@
+"""A paired round's training process: the reference and the candidate built in ONE process, each with its own
+model, optimizer, data pipeline and compiled step Cell, then trained in alternating blocks of K steps (ABBA:
+R C, C R, R C, …) so that whatever else the machine does hits both arms alike.
+
+Each arm still writes a normal run record (its `cfg.steps` steps, evals, checkpoint) into its own folder; blocks
+that go on past an arm's last recorded step are measurement-only (`Trainer.extra_steps`). The block step times
+go to `paired.json` in the round folder; the estimator that reads them lives in helpers/tune/paired.py (the
+`stop` callable passed in decides after each pair whether to go on).
+
+Memory: `rss_bytes` and ru_maxrss are the process's, which here holds both arms. The candidate is built, warmed
+up and evaluated once *before the reference exists*, so the process high-water at that point is the candidate's
+own peak (build, compile, steady steps, the eval graph): that is what the memory gate judges. The reference's
+peak is estimated as the RSS before any model was built plus the high-water it added on top of the candidate;
+it only enters the printed memory ratio. See docs/reliability.md ("Memory in a paired round").
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from helpers.config import Config, with_changes
+from helpers.record import atomic_write_json, update_summary
+from helpers.run.metrics import peak_rss_bytes, rss_bytes
+from helpers.run.train import Trainer, configure_mindspore
+
+PAIRED_FILE = "paired.json"
+MEMORY_SCOPE = ("paired process: peak_memory_bytes is this arm's own ({how}); rows' rss_bytes and "
+                "process_peak_rss_bytes are the whole process (both arms)")
+
+StopRule = Callable[[list[tuple[list[float], list[float]]]], bool]
+
+
+def _emit(kind: str, **data) -> None:
+    """One JSON progress line for the parent (`spawn/paired.py` reads them)."""
+    print(json.dumps({"paired": kind, **data}), flush=True)
+
+
+def _warm(trainer: Trainer, steps: int) -> list[float]:
+    """The arm's first `steps` steps (compile, warm-up) and one validation pass (compiles the eval graph), so
+    the blocks time steady steps and the arm's memory high-water includes everything a run of it allocates."""
+    times = trainer.step_block(steps)
+    if trainer.outcome is None or trainer.outcome.status == "ok":
+        trainer.evaluate()
+    return times
+
+
+def _first_graph() -> None:
+    """Compile and run a throwaway one-layer Cell before either arm exists. Measured here (tiny preset, three
+    identical Trainers in one process, ABBA-rotated blocks): the first graph a process compiles ran 3–14% faster
+    per step than the later ones in every try (so an A/A said "keep" for the arm built first); with a throwaway
+    graph compiled first, the arms differed by −2.7% to +1.9% (see docs/reliability.md)."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import nn
+    cell = nn.Dense(4, 4)
+    for _ in range(3):
+        cell(ms.Tensor(np.ones((2, 4), np.float32))).asnumpy()
+
+
+class _Arms:
+    """The two Trainers of the process and which records are written."""
+
+    def __init__(self, reference: Config, candidate: Config, folder: Path, extra_steps: int):
+        self.trainers = {"candidate": Trainer(candidate, folder / "candidate"),
+                         "reference": Trainer(reference, folder / "reference")}
+        for trainer in self.trainers.values():
+            trainer.shares_process, trainer.extra_steps = True, extra_steps
+        self.finished: set[str] = set()
+
+    def block(self, name: str, k: int) -> list[float]:
+        """K step times of one arm; a record that reaches its last step inside the block is finished there and
+        the block goes on measurement-only."""
+        trainer = self.trainers[name]
+        times = trainer.step_block(k)
+        if len(times) < k and trainer.outcome is not None and trainer.outcome.status == "ok":
+            self.finish(name)
+            times += trainer.step_block(k - len(times))
+        return times
+
+    def broken(self) -> list[str]:
+        """Arms whose record ended other than 'ok' (NaN, a monitor's stop)."""
+        return [n for n, t in self.trainers.items() if t.outcome is not None and t.outcome.status != "ok"]
+
+    def finish(self, name: str, reason: str = "") -> None:
+        if name not in self.finished:
+            self.trainers[name].finish(reason)
+            self.finished.add(name)
+
+    def complete(self, out: dict) -> None:
+        """Train each record to its last step and write its summary; once one arm failed or ended early, the
+        other stops where it is (status 'stopped', naming why)."""
+        for name, trainer in self.trainers.items():
+            if name in self.finished or not hasattr(trainer, "_base"):
+                continue  # written already, or never started (its own record or the error says why)
+            other = next(n for n in self.trainers if n != name)
+            try:
+                while trainer.outcome is None and not self.broken() and out["status"] != "failed":
+                    trainer.step_block(trainer.cfg.steps)
+                self.finish(name, f"the {other} arm of this paired round ended first ({out['reason']})")
+            except Exception:  # its record says failed (Trainer._fail); the other arm is still completed
+                out["status"] = "failed"
+
+
+def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: int, max_pairs: int,
+             stop: StopRule) -> dict:
+    """Train both arms in this process and measure them in ABBA blocks; returns (and writes) the raw record.
+
+    block_steps: K steps per block; max_pairs: the budget in block pairs; stop(pairs) → True ends the
+    measurement early (pairs = [(reference ms list, candidate ms list), …]). Both records are completed to
+    their `steps` whatever the measurement needed. A failure or NaN in one arm ends the other as 'stopped'.
+    """
+    folder = Path(folder)
+    t0 = time.perf_counter()
+    # Process-wide settings are equal for both arms on the paired path. The compile cache stays off: MindSpore
+    # keys it by source files, not by graph, so two arms' graphs in one process could load each other's.
+    configure_mindspore(with_changes(candidate, {"compile_cache": False}))
+    _first_graph()
+    rss_base = rss_bytes()  # MindSpore imported and set up, no model built yet
+    warmup = max(reference.steady_after, candidate.steady_after)
+    arms = _Arms(reference, candidate, folder, warmup + block_steps * max_pairs)
+    out = {"block_steps": block_steps, "max_pairs": max_pairs, "warmup_steps": warmup,
+           "tokens_per_step": {name: t.cfg.batch_size * t.cfg.grad_accum_steps * t.cfg.model.seq_len
+                               for name, t in arms.trainers.items()},
+           "pairs": [], "first_in_pair": [], "status": "running", "reason": "", "warmup_ms": {}}
+    memory = out["memory"] = {"rss_before_models_bytes": rss_base}
+    try:
+        for name in ("candidate", "reference"):  # the candidate first: its high-water is then its own
+            _emit("start", arm=name)
+            before = rss_bytes()
+            arms.trainers[name].start()
+            out["warmup_ms"][name] = _warm(arms.trainers[name], warmup)
+            # resident memory the arm added, after its warm-up: the same measure for both arms (the ratio)
+            memory[f"{name}_resident_bytes"] = rss_base + rss_bytes() - before
+            if name == "candidate":  # the high-water so far is the candidate's alone: the gate's figure
+                memory["candidate_peak_bytes"] = peak_rss_bytes()
+        memory["reference_peak_bytes"] = rss_base + max(0, peak_rss_bytes() - memory["candidate_resident_bytes"])
+        out["setup_s"] = time.perf_counter() - t0
+        for i in range(max_pairs):
+            order = ("reference", "candidate") if i % 2 == 0 else ("candidate", "reference")
+            got = {name: arms.block(name, block_steps) for name in order}
+            if arms.broken() or any(len(v) < block_steps for v in got.values()):
+                out["status"] = "ended"
+                out["reason"] = f"{', '.join(arms.broken()) or 'an arm'} ended before pair {i + 1} was complete"
+                break
+            out["pairs"].append((got["reference"], got["candidate"]))
+            out["first_in_pair"].append(order[0])
+            _emit("pair", pair=i + 1, max_pairs=max_pairs)
+            if stop(out["pairs"]):
+                break
+        out["status"] = "ok" if out["status"] == "running" else out["status"]
+        out["measure_s"] = time.perf_counter() - t0 - out["setup_s"]
+    except Exception as exc:  # the arm that raised has a failed record; the round reads it from there
+        out["status"], out["reason"] = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    arms.complete(out)
+    _own_memory(arms.trainers, memory)
+    out["wall_s"] = time.perf_counter() - t0
+    atomic_write_json(folder / PAIRED_FILE, out)
+    return out
+
+
+def _own_memory(trainers: dict[str, Trainer], memory: dict) -> None:
+    """Put each arm's own peak into its summary (the process's peak stays as process_peak_rss_bytes)."""
+    how = {"candidate": "the process high-water after its build, warm-up and an eval, before the reference existed",
+           "reference": "the process high-water minus the candidate's resident memory (an estimate)"}
+    for name, trainer in trainers.items():
+        own = memory.get(f"{name}_peak_bytes")
+        summary = trainer.run_dir / "summary.json"
+        if own is None or not summary.is_file():
+            continue
+        process_peak = json.loads(summary.read_text(encoding="utf-8")).get("peak_rss_bytes")
+        update_summary(trainer.run_dir, {"peak_memory_bytes": own, "peak_rss_bytes": own,
+                                         "resident_memory_bytes": memory.get(f"{name}_resident_bytes"),
+                                         "process_peak_rss_bytes": process_peak,
+                                         "memory_scope": MEMORY_SCOPE.format(how=how[name]),
+                                         "compile_cache_used": False})  # see run_pair

@@ -1,0 +1,73 @@
+"""Start a paired round's training process (`python -m helpers pair`, see helpers/run/pair.py) and read it back:
+both arms' run records and the block step times it wrote to `paired.json`."""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from helpers import config as config_mod
+from helpers.config import Config
+from helpers.paths import absolute
+from helpers.record import RecordError, load_run
+from helpers.spawn.runner import stream_child
+
+PAIRED_FILE = "paired.json"  # written by helpers/run/pair.py (the same name there)
+
+
+def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progress: bool = True,
+                desc: str | None = None, timeout_s: float | None = None):
+    """Run both arms in one child process writing `folder`/reference, `folder`/candidate and `folder`/paired.json.
+
+    plan: a `tune.paired.SpeedPlan` as a dict (block_steps, looks, alphas, …). Returns (reference record or
+    None, candidate record or None, the paired.json dict or None, error text ("" when the process left them)).
+    """
+    folder = absolute(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, cfg in (("reference", reference), ("candidate", candidate)):
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=folder, prefix=f".{name}.") as fh:
+            fh.write(config_mod.dump(config_mod.absolute_paths(cfg)))
+            paths[name] = fh.name
+    request = folder / ".pair_request.json"
+    request.write_text(json.dumps({**paths, "folder": str(folder), "plan": plan}), encoding="utf-8")
+    cmd = [sys.executable, "-m", "helpers", "pair", "--request", str(request)]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=plan["looks"][-1], desc=desc or folder.name, unit="pair", leave=True)
+    try:
+        code = stream_child(cmd, folder / "pair.log", lambda line: _show(bar, line), timeout_s)
+    finally:
+        for p in [*paths.values(), request]:
+            Path(p).unlink(missing_ok=True)
+        if bar is not None:
+            bar.close()
+    records = {}
+    for name in ("reference", "candidate"):
+        try:
+            records[name] = load_run(folder / name)
+        except RecordError:
+            records[name] = None
+    raw = json.loads((folder / PAIRED_FILE).read_text(encoding="utf-8")) if (folder / PAIRED_FILE).is_file() else None
+    error = ""
+    if raw is None or None in records.values():
+        tail = (folder / "pair.log").read_text(errors="replace").strip().splitlines()[-1:] or ["(empty log)"]
+        missing = [n for n, r in records.items() if r is None] + ([PAIRED_FILE] if raw is None else [])
+        error = f"the paired process exited {code} without {', '.join(missing)} ({tail[0][:300]})"
+    return records["reference"], records["candidate"], raw, error
+
+
+def _show(bar, line: str) -> None:
+    if bar is None or not line.startswith("{"):
+        return
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return
+    if msg.get("paired") == "pair":
+        bar.n = msg["pair"]
+        bar.refresh()
+    elif msg.get("paired") == "start":
+        bar.set_postfix(building=msg["arm"], refresh=True)
