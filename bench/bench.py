@@ -25,6 +25,7 @@ from helpers.config import dump, load_config, with_changes  # noqa: E402
 from helpers.record import atomic_write_json, load_run  # noqa: E402
 from helpers.spawn.runner import child_env  # noqa: E402
 from noise_items import item_aa, item_clock, noise_rows  # noqa: E402  (bench/ is sys.path[0])
+from ttq_item import NANOGPT_RECIPE, item_ttq, ttq_rows  # noqa: E402
 from speed_item import arm_steps, item_speed, speed_rows  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
@@ -153,8 +154,7 @@ def item_mfu(steps: int) -> dict:
 
 def item_parity(iters: int) -> dict:
     """nanoGPT's shakespeare_char CPU config: val loss at `iters` iterations and wall time."""
-    changes = {"steps": iters, "eval_every": 250, "eval_batches": 20, "warmup": 100, "lr": 1e-3, "min_lr": 1e-4,
-               "betas": [0.9, 0.99], "weight_decay": 0.1, "max_grad_norm": 1.0, "batch_size": 12}
+    changes = {"steps": iters, "eval_every": 250, **NANOGPT_RECIPE}
     cfg = with_changes(load_config(NANO), changes)
     with tempfile.TemporaryDirectory() as tmp:
         request = Path(tmp) / "parity.yaml"
@@ -211,18 +211,21 @@ def table(results: dict) -> str:
         lines.append(f"| `make workbook` wall time | {r['wall_s']:.0f} s (exit {r['returncode']}) | exit 0, ≤ {WORKBOOK_LIMIT_S} s |")
     lines += noise_rows(results)
     lines += speed_rows(results)
+    lines += ttq_rows(results)
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("item", choices=["all", "overhead", "mfu", "parity", "workbook", "aa", "clock", "bare",
-                                    "monitored", "speed", "speedarm"])
+                                    "monitored", "speed", "speedarm", "ttq"])
     p.add_argument("args", nargs="*")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--trials", type=int, default=20, help="A/A checks (aa item)")
+    p.add_argument("--budget-min", type=float, default=20.0, help="ttq item: the auto-tuner's budget, minutes")
+    p.add_argument("--seeds", type=int, default=2, help="ttq item: seeds per arm (target, tuner rounds, comparison)")
     p.add_argument("--results", type=Path, default=RESULTS, help="folder for <item>.json and README.md")
     p.add_argument("--preset", default="tiny", help="model preset of the aa and clock items")
     p.add_argument("--speed-steps", type=int, default=40, help="timed steps per arm per round (speed item)")
@@ -234,11 +237,12 @@ def main() -> int:
         print((bare_loop if a.item == "bare" else monitored_loop)(a.args[0], int(a.args[1]), int(a.args[2])))
         return 0
     a.results.mkdir(parents=True, exist_ok=True)
-    items = ["overhead", "mfu", "parity", "workbook", "aa", "clock", "speed"] if a.item == "all" else [a.item]
+    items = ["overhead", "mfu", "parity", "workbook", "aa", "clock", "speed", "ttq"] if a.item == "all" else [a.item]
     runners = {"overhead": lambda: item_overhead(a.rounds, a.steps), "mfu": lambda: item_mfu(40),
                "parity": lambda: item_parity(a.iters), "workbook": item_workbook,
                "aa": lambda: item_aa(a.trials, a.preset), "clock": lambda: item_clock(3, a.preset),
-               "speed": lambda: item_speed(max(a.rounds, 5), a.speed_steps)}
+               "speed": lambda: item_speed(max(a.rounds, 5), a.speed_steps),
+               "ttq": lambda: item_ttq(a.iters, a.budget_min, a.seeds, a.results)}
     results = {}
     for f in a.results.glob("*.json"):
         results[f.stem] = json.loads(f.read_text())

@@ -172,9 +172,17 @@ def cmd_autotune(args) -> int:
     try:
         check_budget(args.budget_min)  # before the config is read: the cheaper check first
         cfg = config_mod.load_config(args.config, args.set)
-        result = autotune(cfg, args.out, args.budget_min, repeats=args.repeats,
-                          keep_global_batch=args.keep_global_batch, max_rounds=args.max_rounds,
-                          log=lambda line: print(line, file=sys.stderr, flush=True))
+        log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+        if args.objective == "time_to_target":
+            from helpers.tune.ttq_search import autotune_time_to_target
+            result = autotune_time_to_target(cfg, args.out, args.budget_min, args.target_val_loss, seeds=args.seeds,
+                                             repeats=args.repeats, eta=args.eta, log=log)
+        elif args.target_val_loss is not None:
+            raise AutotuneError(f"--target-val-loss {args.target_val_loss:g} is for --objective time_to_target; "
+                                f"add it, or drop the target for a speed search")
+        else:
+            result = autotune(cfg, args.out, args.budget_min, repeats=args.repeats,
+                              keep_global_batch=args.keep_global_batch, max_rounds=args.max_rounds, log=log)
     except (AutotuneError, RoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -250,6 +258,12 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--max-rounds", type=int, help="stop after this many rounds (default: no limit)")
     a.add_argument("--keep-global-batch", action="store_true",
                    help="batch rounds trade accumulation for micro-batch, keeping the global batch")
+    a.add_argument("--objective", choices=["speed", "time_to_target"], default="speed",
+                   help="speed: tokens/s rounds; time_to_target: least wall seconds to --target-val-loss, searching "
+                        "the recipe and the speed levers (successive halving)")
+    a.add_argument("--target-val-loss", type=float, help="validation loss to reach, nats/token (time_to_target)")
+    a.add_argument("--seeds", type=int, default=2, help="seeds per arm of a time_to_target round (default 2)")
+    a.add_argument("--eta", type=int, default=3, help="successive halving: promote the top 1/eta (default 3)")
     a.set_defaults(func=cmd_autotune)
 
     tb = sub.add_parser("tensorboard", help="TensorBoard event files from runs and workbooks (needs tensorboardX)")

@@ -144,16 +144,40 @@ def op_shift_plot(shift, top: int = 12, title: str = "Operator time per step, be
     return fig
 
 
+def _eval_curves(ax, groups: dict[str, list[RunRecord]], x: int) -> None:
+    """Validation loss of every run against `eval_curve`'s column `x` (0 tokens, 2 wall seconds); one colour per
+    group, one line per seed."""
+    from helpers.tune.convergence import eval_curve
+    for i, (label, records) in enumerate(groups.items()):
+        for j, rec in enumerate(records):
+            curve = eval_curve(rec)
+            ax.plot(curve[x], curve[1], marker="o", ms=3, color=COLORS[i % len(COLORS)], alpha=0.85, lw=1.2,
+                    label=label if j == 0 else None)
+
+
+def val_loss_time_plot(groups: dict[str, list[RunRecord]], target: float | None = None) -> Figure:
+    """Validation loss against wall seconds since each run's process started (start-up, compile and evaluation
+    included) for every run, with the target as a dashed line and a cross where each run reached it."""
+    from helpers.tune.convergence import time_to_target
+    fig, (ax,) = _figure()
+    _eval_curves(ax, groups, 2)
+    if target:
+        ax.axhline(target, ls="--", color="#555555", label=f"target {target:.4f}")
+        for i, records in enumerate(groups.values()):
+            hits = [t for t in (time_to_target(r, target) for r in records) if t is not None]
+            ax.plot(hits, [target] * len(hits), "x", ms=9, mew=2, color=COLORS[i % len(COLORS)])
+    ax.set(xlabel="wall seconds since the process started", ylabel="validation loss (nats/token)",
+           title="Validation loss against wall time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
 def val_loss_tokens_plot(groups: dict[str, list[RunRecord]], at_tokens: float | None = None) -> Figure:
     """Validation loss against cumulative tokens for every run (one colour per group, one line per seed),
     with a dashed line where a convergence round compared them (`at_tokens`)."""
-    from helpers.tune.convergence import eval_curve
     fig, (ax,) = _figure()
-    for i, (label, records) in enumerate(groups.items()):
-        for j, rec in enumerate(records):
-            tokens, loss, _ = eval_curve(rec)
-            ax.plot(tokens, loss, marker="o", ms=3, color=COLORS[i % len(COLORS)], alpha=0.85, lw=1.2,
-                    label=label if j == 0 else None)
+    _eval_curves(ax, groups, 0)
     if at_tokens:
         ax.axvline(at_tokens, ls="--", color="#555555", label=f"compared at {at_tokens:,.0f} tokens")
     ax.set(xlabel="tokens trained", ylabel="validation loss (nats/token)", title="Validation loss at equal tokens")

@@ -371,3 +371,41 @@ def convergence_table(result) -> pd.DataFrame:
              "tokens/s": _num(r.summary.get("tokens_per_s"), digits=0)}
             for arm, group in groups.items() for r in group]
     return pd.DataFrame(rows)
+
+
+def _ended(record: RunRecord) -> str:
+    """How a run ended, in a few words: its early-end reason (target, time cap) or 'all steps'."""
+    reason = record.summary.get("status_reason") or ""
+    if record.status != "ok":
+        return record.status
+    return "target reached" if reason.startswith("reached") else "time cap" if reason.startswith("time cap") \
+        else "all steps"
+
+
+def time_to_target_table(groups: dict[str, list[RunRecord]], target: float) -> pd.DataFrame:
+    """Run by run: group, seed, steps run, how it ended, seconds to `target` (wall seconds since its process
+    started, evaluation included; empty = did not reach), final validation loss and tokens/s."""
+    from helpers.tune.convergence import eval_curve, time_to_target
+    rows = []
+    for group, records in groups.items():
+        for r in records:
+            t = time_to_target(r, target)
+            final = eval_curve(r)[1]
+            rows.append({"group": group, "seed": r.config.seed, "steps run": len(r.metrics), "ended": _ended(r),
+                         f"s to val loss {target:.4f}": _num(t), "reached": t is not None,
+                         "final val loss": _num(float(final[-1]), digits=4) if final.size else None,
+                         "tokens/s": _num(r.summary.get("tokens_per_s"), digits=0)})
+    return pd.DataFrame(rows)
+
+
+def time_to_target_before_after(wb, target: float | None = None) -> pd.DataFrame:
+    """Baseline vs current best of a workbook in seconds to `target` (default: the best's target_val_loss):
+    each side's runs and their mean — a mean only when every run reached it; ratio = baseline ÷ best."""
+    from helpers.tune.convergence import seed_times_text, time_to_target
+    target = target or wb.best_config().target_val_loss
+    sides = {"baseline": wb.baseline_runs(), "best": wb.best_runs()}
+    times = {k: [time_to_target(r, target) for r in v] for k, v in sides.items()}
+    means = {k: (sum(v) / len(v) if v and None not in v else None) for k, v in times.items()}
+    ratio = means["baseline"] / means["best"] if None not in means.values() else None
+    return pd.DataFrame([{"metric": f"s to val loss {target:.4f}", "baseline": seed_times_text(times["baseline"]),
+                          "best": seed_times_text(times["best"]), "baseline ÷ best": _num(ratio, digits=2)}])

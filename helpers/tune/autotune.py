@@ -81,7 +81,8 @@ class AutotuneResult:
     stop_reason: str = ""
     elapsed_s: float = 0.0
     budget_s: float = 0.0
-    speedup: float | None = None
+    speedup: float | None = None  # speed: best ÷ baseline tokens/s; time_to_target: baseline ÷ best seconds
+    objective: str = "speed"
 
     def text(self) -> str:
         """One line per round, then the stop reason and the overall speed-up."""
@@ -90,7 +91,8 @@ class AutotuneResult:
         lines += [f"skipped {s['name']}: {s['why']}" for s in self.skipped]
         ratio = "n/a" if self.speedup is None else f"×{self.speedup:.2f}"
         lines.append(f"stopped: {self.stop_reason}")
-        lines.append(f"best ÷ baseline tokens/s {ratio}; {self.elapsed_s:.0f} s of {self.budget_s:.0f} s budget "
+        what = "baseline ÷ best seconds to target" if self.objective != "speed" else "best ÷ baseline tokens/s"
+        lines.append(f"{what} {ratio}; {self.elapsed_s:.0f} s of {self.budget_s:.0f} s budget "
                      f"→ {self.path}")
         return "\n".join(lines)
 
@@ -105,7 +107,9 @@ def _tried(entries: list[dict]) -> set[frozenset]:
     round moved away from (going back would undo a measured win)."""
     tried = set()
     for e in entries:
-        if e["event"] == "round" or (e["event"] == "note" and e["decision"] == "skipped"):
+        # screened arms of the time-to-target search are tried too (helpers/tune/ttq_search.py)
+        if e["event"] == "round" or (e["event"] == "note" and e["decision"] in ("skipped", "dropped", "promoted",
+                                                                               "not run")):
             tried.add(_key({k: v[1] for k, v in e["changes"].items()}))
         if e["event"] == "round" and e["decision"] == "keep":
             tried.add(_key({k: v[0] for k, v in e["changes"].items()}))
@@ -334,6 +338,7 @@ def autotune(cfg: Config, out: str | os.PathLike, budget_min: float, repeats: in
     An existing workbook with the same baseline is continued (its tried candidates are not repeated).
     keep_global_batch: batch rounds trade accumulation for micro-batch instead of growing the global batch.
     max_rounds: stop after this many rounds in this call (None = only the budget and the search space stop it).
+    The time-to-target mode is `ttq_search.autotune_time_to_target`.
     """
     budget = check_budget(budget_min)
     if max_rounds is not None and (isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1):

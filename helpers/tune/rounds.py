@@ -30,7 +30,8 @@ from typing import Any, Iterator
 from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import absolute
-from helpers.tune.convergence import CONVERGENCE_VARIABLES, OBJECTIVES, judge_convergence
+from helpers.tune.convergence import (CONVERGENCE_VARIABLES, OBJECTIVES, RECIPE, TIME_TO_TARGET, judge_convergence,
+                                      judge_time_to_target, time_to_target, ttq_arms)
 from helpers.tune.ledger import Ledger, RoundError, WorkbookLock
 from helpers.record import (SUMMARY_FILE, RecordError, RunRecord, atomic_write_json, atomic_write_text, load_run,
                             median_summary, write_summary)
@@ -72,7 +73,8 @@ class RoundResult:
     verdict: Verdict
     override: dict | None
     rollback: Path
-    objective: str = "speed"  # "speed" (tokens/s rule) or "convergence" (val loss at equal tokens, seeds)
+    objective: str = "speed"  # "speed" (tokens/s rule), "convergence" (val loss at equal tokens, seeds) or
+    # "time_to_target" (wall seconds to a val loss, seeds)
 
     @property
     def decision(self) -> str:
@@ -282,10 +284,11 @@ class Workbook:
             return None, f"{run_dir.name} left no record ({str(exc).splitlines()[0]})"
 
     def _measure(self, cand_cfg: Config, ref_cfg: Config, folder: Path, label: str, progress: bool,
-                 seeds: list[int] | None = None):
+                 seeds: list[int] | None = None, after_pair=None):
         """`repeats` candidate runs interleaved with as many reference reruns, in ABBA order.
 
-        With `seeds`, one run per seed and arm instead (run k of both arms uses seeds[k-1]: a convergence round).
+        With `seeds`, one run per seed and arm instead (run k of both arms uses seeds[k-1]: a convergence round);
+        `after_pair(runs)` → True stops after a pair.
 
         Load on a shared machine drifts over minutes (here an identical rerun came out +38% against runs of a
         minute before, both repeats agreeing); runs taken side by side see the same drift, and ABBA cancels a
@@ -305,6 +308,8 @@ class Workbook:
                 runs[role].append(record)
                 if record.status != "ok":
                     return runs["candidate"], runs["reference"], ""
+            if after_pair is not None and after_pair(runs):
+                break
         return runs["candidate"], runs["reference"], ""
 
     def _verdict(self, candidates, references, error: str, baseline: list[RunRecord], objective: str = "speed",
@@ -312,6 +317,12 @@ class Workbook:
         if error:
             return failed(error, noise_band(baseline, [], baseline), loss_gate_for(baseline, self.loss_gate),
                           self.memory_limit_bytes)
+        if objective == TIME_TO_TARGET:  # a capped run may have no steady tokens/s: its status says if it failed
+            sick = next((r for r in [*references, *candidates] if r.status != "ok"), None)
+            if sick is not None:
+                return failed(f"{sick.path.name} ended '{sick.status}': {sick.summary.get('status_reason')}", None,
+                              loss_gate_for(baseline, self.loss_gate), self.memory_limit_bytes)
+            return judge_time_to_target(references, candidates, self.memory_limit_bytes, target)
         if objective == "convergence":
             bad = judge(references, candidates, baseline, self.loss_gate, self.memory_limit_bytes)
             if bad.decision == "failed":  # a seed that ended nan/failed: same reporting as a speed round
@@ -352,23 +363,28 @@ class Workbook:
         if not any(e["event"] == "baseline" for e in entries):
             raise RoundError("no baseline pinned yet; call wb.baseline() first")
 
-    def candidate(self, name: str, changes: dict[str, Any]) -> tuple[Config, dict[str, tuple]]:
+    def candidate(self, name: str, changes: dict[str, Any],
+                  objective: str = "speed") -> tuple[Config, dict[str, tuple]]:
         """The candidate config of a round and its {key: (old, new)} changes; refuses bad rounds (no runs).
 
         RoundError for a bad name, more than one variable outside a declared group (GROUPS), a fixed key
-        (FIXED) or a value equal to the current one; ConfigError for an invalid value.
+        (FIXED) or a value equal to the current one; ConfigError for an invalid value. A time-to-target round
+        may change any part of the recipe (RECIPE, `steps` included) together: it compares wall seconds to a
+        validation loss, not runs of equal length.
         """
+        recipe = objective == TIME_TO_TARGET and set(changes) <= set(RECIPE)
+
         if not isinstance(name, str) or not _NAME.match(name):
             raise RoundError(f"round name {name!r} must be 1-48 letters, digits or _ . + - (it names a folder), "
                              f"e.g. 'batch_size'")
         if not changes:
             raise RoundError(f"round {name!r} changes nothing; pass e.g. {{'batch_size': 24}}")
         keys = list(changes)
-        if len(keys) > 1 and frozenset(keys) not in GROUPS:
+        if len(keys) > 1 and frozenset(keys) not in GROUPS and not recipe:
             groups = ", ".join("+".join(sorted(g)) for g in GROUPS)
             raise RoundError(f"round {name!r} changes {len(keys)} variables ({', '.join(keys)}); change one per "
                              f"round, or declare a group such as {groups}")
-        fixed = [k for k in keys if k in FIXED]
+        fixed = [k for k in keys if k in FIXED and not (recipe and k == "steps")]
         if fixed:
             raise RoundError(f"round {name!r} changes {', '.join(fixed)}; {', '.join(FIXED)} stay fixed so runs "
                              f"compare — create a new workbook to change them")
@@ -384,14 +400,19 @@ class Workbook:
 
     def run_round(self, name: str, changes: dict[str, Any], progress: bool = True,
                   who: str | None = None, objective: str = "speed", seeds: int = 2,
-                  target: float | None = None, why: str = "", reasoning: dict | None = None) -> RoundResult:
+                  target: float | None = None, why: str = "", reasoning: dict | None = None,
+                  time_cap_s: float | None = None) -> RoundResult:
         """Train the current best + `changes` against the current best, judge, record, save a rollback point.
 
         objective="speed": `repeats` candidate runs interleaved with `repeats` reruns of the current best (see
         `_measure`), judged on tokens/s (`verdict.judge`). objective="convergence": `seeds` runs per arm, run k
         of both arms with seed best.seed + k − 1, judged on validation loss at equal tokens against the seed
         band (`convergence.judge_convergence`; `target` = the val loss for time-to-target, default the level
-        every reference seed reached). The reruns are the round's reference_runs. `keep` makes the candidate the
+        every reference seed reached). objective="time_to_target": `seeds` runs per arm as for convergence, each
+        ending at its first validation pass with val loss ≤ `target` (default: the best's target_val_loss), the
+        candidate also at `time_cap_s` wall seconds; pairs stop at the first candidate seed that did not reach the
+        target (it cannot win); judged on wall seconds to the target against the seed band
+        (`convergence.judge_time_to_target`). The reruns are the round's reference_runs. `keep` makes the candidate the
         best; other decisions leave it. A run that does not finish ends the round as "failed" (records kept,
         remaining runs skipped). A speed round on a convergence variable (lr, warmup, ...) warns: tokens/s
         cannot judge it. `why` (one paragraph) and `reasoning` (e.g. the auto-tuner's diagnosis and cost
@@ -399,7 +420,7 @@ class Workbook:
         """
         if objective not in OBJECTIVES:
             raise RoundError(f"objective={objective!r} is not allowed; choose one of {', '.join(OBJECTIVES)}")
-        if objective == "convergence" and (not isinstance(seeds, int) or seeds < 2):
+        if objective != "speed" and (not isinstance(seeds, int) or seeds < 2):
             raise RoundError(f"seeds={seeds!r} cannot measure seed-to-seed spread; use seeds=2 or more")
         learning = [k for k in changes if k in CONVERGENCE_VARIABLES]
         if objective == "speed" and learning:
@@ -408,19 +429,31 @@ class Workbook:
         with self._lock.hold():
             entries = self.ledger()
             self._pinned(entries)
-            cand, moved = self.candidate(name, changes)
+            cand, moved = self.candidate(name, changes, objective)
             best_round = self._best_round(entries)
             best, _ = self._source(best_round, entries)
+            arms, after_pair = (cand, best), None
+            if objective == TIME_TO_TARGET:  # refused here, before any folder or run exists
+                target = target or best.target_val_loss
+                if not (isinstance(target, (int, float)) and target > 0):
+                    raise RoundError(f"a time_to_target round needs a target validation loss (nats/token): pass "
+                                     f"target=1.9, or pin a baseline with target_val_loss set (got {target!r})")
+                if time_cap_s is not None and not (isinstance(time_cap_s, (int, float)) and time_cap_s > 0):
+                    raise RoundError(f"time_cap_s={time_cap_s!r} must be positive seconds, or None for no cap")
+                arms = ttq_arms(cand, best, target, time_cap_s)
+                after_pair = lambda runs: time_to_target(runs["candidate"][-1], target) is None  # noqa: E731
+
             baseline = self.load_runs(self._source(0, entries)[1])
             index = max(self._round_entries(entries), default=0) + 1
             folder = self._fresh(self.path / "rounds" / f"{index:02d}_{name}")
-            seed_list = [best.seed + k for k in range(seeds)] if objective == "convergence" else None
-            records, references, error = self._measure(cand, best, folder, f"round {index} {name}", progress,
-                                                       seed_list)
+            seed_list = [best.seed + k for k in range(seeds)] if objective != "speed" else None
+            records, references, error = self._measure(*arms, folder, f"round {index} {name}", progress,
+                                                       seed_list, after_pair)
             verdict = self._verdict(records, references, error, baseline, objective, target)
             rollback = self._save_rollback(folder / "rollback", cand, records)
             self._append({"event": "round", "round": index, "name": name, "objective": objective,
                           **({"seeds": seed_list} if seed_list else {}),
+                          **({"target": target, "time_cap_s": time_cap_s} if objective == TIME_TO_TARGET else {}),
                           "changes": {k: list(v) for k, v in moved.items()}, "reference_round": best_round,
                           "reference_runs": [self._rel(r.path) for r in references],
                           "candidate_runs": [self._rel(r.path) for r in records],

@@ -1,0 +1,180 @@
+"""Time to quality: the objective's arithmetic against hand-computed values, then real tiny runs that end at a
+target or a time cap, a time-to-target round, and the auto-tuner's time-to-target mode."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from helpers.config import ConfigError, from_dict, load_config, with_changes
+from helpers.record import RunRecord, load_run
+from helpers.paths import REPO_ROOT
+from helpers.tune.autotune import AutotuneError
+from helpers.tune.convergence import judge_time_to_target, seed_band, time_figures, time_to_target
+from helpers.tune.rounds import RoundError, Workbook
+from helpers.tune.ttq_search import autotune_time_to_target, loss_at_time, recipe_arms
+from helpers.spawn.runner import launch
+from helpers.book.report import time_to_target_before_after, time_to_target_table
+from tests.conftest import run_cli
+
+MIB = 2 ** 20
+
+
+def curve(name: str, evals: dict[float, float], seed: int = 1, step_ms: float = 100.0) -> RunRecord:
+    """A record whose validation passes sit at the given wall seconds (elapsed_s) with the given losses, one eval
+    every 10 steps (arithmetic only; nothing trains)."""
+    rows = []
+    for k, (elapsed, loss) in enumerate(sorted(evals.items()), 1):
+        rows += [{"step": 10 * (k - 1) + s, "tokens": 100, "step_time_ms": step_ms, "val_loss": None,
+                  "elapsed_s": None} for s in range(1, 10)]
+        rows.append({"step": 10 * k, "tokens": 100, "step_time_ms": step_ms, "val_loss": loss, "elapsed_s": elapsed})
+    summary = {"status": "ok", "peak_memory_bytes": 500 * MIB, "tokens_per_s": 1000.0}
+    return RunRecord(Path(name), from_dict({"seed": seed}), rows, summary, {})
+
+
+def test_time_to_target_interpolates_on_wall_seconds_since_process_start():
+    run = curve("r", {10.0: 3.0, 20.0: 2.0, 30.0: 1.8})
+    # elapsed_s (start-up and evaluation included), not the step times' sum (1 s per 10 steps here)
+    assert time_to_target(run, 2.5) == pytest.approx(15.0)  # half-way from 10 s (3.0) to 20 s (2.0)
+    assert time_to_target(run, 2.2) == pytest.approx(18.0)  # 0.8 of the way
+    assert time_to_target(run, 1.9) == pytest.approx(25.0)  # between 20 s (2.0) and 30 s (1.8)
+    assert time_to_target(run, 2.0) == pytest.approx(20.0)  # reached exactly at a pass
+    assert time_to_target(run, 3.5) == pytest.approx(10.0)  # below at the first pass: no earlier point
+    assert time_to_target(run, 1.7) is None  # did not reach: no time at all
+
+
+def test_loss_at_wall_time_interpolates_and_averages_the_runs():
+    a, b = curve("a", {10.0: 3.0, 20.0: 2.0}), curve("b", {10.0: 2.0, 30.0: 1.0})
+    assert loss_at_time([a], 12.5) == pytest.approx(2.75)
+    assert loss_at_time([a, b], 20.0) == pytest.approx((2.0 + 1.5) / 2)
+    assert loss_at_time([a], 50.0) == pytest.approx(2.0)  # after the last pass: its value
+
+
+def test_time_verdict_band_keep_and_no_change_by_hand():
+    ref = [curve("r1", {10.0: 2.2, 12.0: 2.0}), curve("r2", {12.0: 2.2, 14.0: 1.9})]  # both reach 2.0 at 12 s
+    # each arm's times: reference 12 s, 12 s + 2 s × (0.2/0.3) = 13.333 s; candidate 6 s and 7 s
+    cand = [curve("c1", {6.0: 2.0}), curve("c2", {7.0: 1.95})]
+    f = time_figures(ref, cand, 2.0)
+    assert f.reference_times == pytest.approx([12.0, 12.0 + 2.0 * 0.2 / 0.3])
+    assert f.candidate_times == pytest.approx([6.0, 7.0])
+    # variances (1 dof each): reference ((−0.6667)² + 0.6667²) = 0.8889, candidate 0.5; pooled over 2 dof
+    assert f.band == pytest.approx(4.3027 * math.sqrt((0.8889 + 0.5) / 2 * (1 / 2 + 1 / 2)), rel=1e-3)
+    assert f.band == pytest.approx(seed_band(f.reference_times, f.candidate_times))
+    verdict = judge_time_to_target(ref, cand, 1000 * MIB, 2.0)
+    delta = 6.5 - (12.0 + 13.3333) / 2  # −6.17 s, band 3.59 s → keep
+    assert f.delta == pytest.approx(delta, rel=1e-4) and -delta > f.band
+    assert verdict.decision == "keep" and verdict.speedup == pytest.approx(12.6667 / 6.5, rel=1e-4)
+    assert verdict.noise_band == pytest.approx(f.band) and "below the seed band" in verdict.reason
+    # a candidate one second quicker on average is inside that band
+    close = [curve("c1", {11.0: 2.0}), curve("c2", {12.0: 2.0})]
+    assert judge_time_to_target(ref, close, 1000 * MIB, 2.0).decision == "no change"
+
+
+def test_an_arm_that_did_not_reach_gets_no_time():
+    ref = [curve("r1", {10.0: 1.9}), curve("r2", {11.0: 1.9})]
+    short = [curve("c1", {5.0: 1.95}), curve("c2", {4.0: 1.9})]  # seed 1 stops above the target
+    verdict = judge_time_to_target(ref, short, 1000 * MIB, 1.9)
+    assert verdict.decision == "reject" and verdict.speedup is None and verdict.noise_band is None
+    assert "candidate did not reach (did not reach, 4.0 s)" in verdict.reason  # no mean for that arm
+    assert "reference mean 10.5 s" in verdict.reason
+    # the other way round: every candidate seed reached it, a reference seed did not
+    assert judge_time_to_target(short, ref, 1000 * MIB, 1.9).decision == "keep"
+    assert judge_time_to_target(short, short, 1000 * MIB, 1.9).decision == "no change"
+    over = judge_time_to_target(ref, ref, 400 * MIB, 1.9)  # the memory gate still applies
+    assert over.decision == "reject" and "over the memory limit" in over.reason
+
+
+def test_recipe_grid_changes_the_recipe_together():
+    nanogpt = with_changes(load_config(REPO_ROOT / "configs" / "nano.yaml"), {"steps": 2000})
+    arms = {a.name: a.changes for a in recipe_arms(nanogpt)}
+    assert len(arms) == 8
+    # lr ×3 over half the schedule at batch ×4/3: warm-up and min_lr scaled with them
+    assert arms["recipe_lr0.003_s1000_b16"] == {"lr": 0.003, "min_lr": 0.0003, "steps": 1000, "warmup": 50,
+                                                "batch_size": 16}
+    assert arms["recipe_lr0.002_s1300_b12"] == {"lr": 0.002, "min_lr": 0.0002, "steps": 1300, "warmup": 65}
+
+
+def test_bad_time_to_target_input_fails_in_one_line_before_training(tmp_path):
+    with pytest.raises(ConfigError, match="eval_every=0 evaluates only at the end"):
+        from_dict({"target_val_loss": 1.9, "eval_every": 0})
+    with pytest.raises(ConfigError, match="max_time_s"):
+        from_dict({"max_time_s": -1})
+    for bad in (None, 0, -1.0, float("nan"), "1.9"):
+        with pytest.raises(AutotuneError, match="must be a positive validation loss"):
+            autotune_time_to_target(from_dict({}), tmp_path / "wb", 1.0, bad)
+    with pytest.raises(AutotuneError, match="budget_min"):
+        autotune_time_to_target(from_dict({}), tmp_path / "wb", 0, 1.9)
+    with pytest.raises(ConfigError, match="eval_every=0"):
+        autotune_time_to_target(from_dict({"eval_every": 0}), tmp_path / "wb", 1.0, 1.9)
+    assert not (tmp_path / "wb").exists()
+    done = run_cli("autotune", "--budget-min", "1", "--out", str(tmp_path / "cli"), "--target-val-loss", "1.9")
+    assert done.returncode == 2 and "is for --objective time_to_target" in done.stderr
+    assert not (tmp_path / "cli").exists()
+
+
+def tiny(corpus: Path, **changes) -> dict:
+    return {"model": {"preset": "tiny"}, "data": {"corpus": [str(corpus)]}, "batch_size": 8, "steps": 120,
+            "warmup": 10, "eval_every": 10, "eval_batches": 2, "steady_after": 3, "threads": 1, **changes}
+
+
+@pytest.mark.slow
+def test_a_run_ends_at_its_target_or_its_time_cap(tmp_path, small_corpus):
+    run = launch(from_dict(tiny(small_corpus, target_val_loss=2.6)), tmp_path / "target", progress=False)
+    evals = [r for r in run.metrics if r["val_loss"] is not None]
+    assert run.status == "ok" and run.summary["status_reason"].startswith("reached target_val_loss=2.6")
+    assert evals[-1]["val_loss"] <= 2.6 < evals[-2]["val_loss"] and run.metrics[-1] is evals[-1]
+    assert len(run.metrics) < 120 and run.checkpoints()  # ended early, a checkpoint to resume from
+    elapsed = [r["elapsed_s"] for r in run.metrics]
+    # from process creation: the first step already carries the start-up (imports, data, build, compile)
+    assert elapsed == sorted(elapsed) and elapsed[0] >= run.summary["fixed_cost_s"]["import"]
+    # a schedule far longer than the cap (a warm compile cache makes this run start sooner than the first)
+    cap = elapsed[-1]
+    capped = launch(from_dict(tiny(small_corpus, max_time_s=cap, steps=3000)), tmp_path / "cap", progress=False)
+    assert capped.status == "ok" and capped.summary["status_reason"].startswith("time cap max_time_s=")
+    last = capped.metrics[-1]  # a validation pass made where it stopped
+    assert last["val_loss"] is not None and last["elapsed_s"] >= cap and last["step"] < 3000
+
+
+@pytest.mark.slow
+def test_time_to_target_round_stops_an_arm_that_cannot_beat_the_best(tmp_path, small_corpus):
+    wb = Workbook.create(tmp_path / "wb", from_dict(tiny(small_corpus, target_val_loss=2.6)))
+    wb.baseline(progress=False)
+    with pytest.raises(RoundError, match="changes steps; steps"):  # a speed round may not change the schedule length
+        wb.run_round("short", {"steps": 60}, progress=False)
+    with pytest.raises(RoundError, match="time_cap_s"):
+        wb.run_round("short", {"lr": 3e-3, "steps": 60}, objective="time_to_target", time_cap_s=-1)
+    # a cap below the start-up: the candidate cannot get there, so the round stops after its first pair
+    done = wb.run_round("short", {"lr": 3e-3, "steps": 60}, objective="time_to_target", time_cap_s=0.1,
+                        progress=False)
+    assert done.decision == "reject" and "candidate did not reach" in done.verdict.reason
+    assert len(done.candidate_runs) == len(done.reference_runs) == 1
+    entry = [e for e in wb.ledger() if e["event"] == "round"][-1]
+    assert entry["objective"] == "time_to_target" and entry["target"] == 2.6 and entry["time_cap_s"] == 0.1
+    assert entry["changes"] == {"lr": [1e-3, 3e-3], "steps": [120, 60]}
+    groups = {"reference": [load_run(p) for p in done.reference_runs],
+              "candidate": [load_run(p) for p in done.candidate_runs]}
+    table = time_to_target_table(groups, 2.6)
+    assert table["reached"].tolist() == [True, False] and table["ended"].tolist() == ["target reached", "time cap"]
+    assert math.isnan(table["s to val loss 2.6000"].iloc[1])  # no time for the arm that did not reach
+    assert time_to_target_before_after(wb)["baseline ÷ best"].iloc[0] == pytest.approx(1.0)  # best = baseline
+
+
+@pytest.mark.slow
+def test_autotune_time_to_target_explains_every_arm(tmp_path, small_corpus):
+    cfg = from_dict(tiny(small_corpus, steps=150))
+    result = autotune_time_to_target(cfg, tmp_path / "wb", 1.6, 2.7, log=lambda _: None)
+    entries = Workbook.open(tmp_path / "wb").ledger()
+    arms = [e for e in entries if e["event"] == "note" and e["decision"] in ("promoted", "dropped")]
+    assert arms, [e["name"] for e in entries]
+    for e in arms:  # every screened arm: why, its numbers, no time unless it reached the target
+        assert e["who"] == "autotune" and e["why"].startswith("Screened in bracket") and e["changes"]
+        r = e["reasoning"]
+        assert r["reached"] == (r["time_to_target_s"] is not None)
+        assert ("did not reach" in e["why"]) != r["reached"]
+    plans = [e for e in entries if e["name"].startswith("bracket_")]
+    assert plans and all("cannot beat it" in e["why"] and e["reasoning"]["cap_s"] > 0 for e in plans)
+    for e in (e for e in entries if e["event"] == "round"):
+        assert e["objective"] == "time_to_target" and e["why"].startswith("Round for ")
+    assert entries[-1]["decision"] == "stop" and result.stop_reason in entries[-1]["why"]
+    assert result.elapsed_s <= 1.6 * 60 * 1.5  # plans only what fits; one run may overrun its estimate
