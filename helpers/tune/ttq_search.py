@@ -66,11 +66,13 @@ def recipe_changes(cfg: Config, lr_factor: float, steps_fraction: float, batch_f
 
 def recipe_arms(cfg: Config) -> list[Candidate]:
     """The recipe grid around `cfg` (LR_FACTORS × STEP_FRACTIONS × BATCH_FACTORS), each one candidate that changes
-    lr, min_lr, steps, warm-up and batch_size together (`recipe_changes`)."""
+    lr, min_lr, steps, warm-up and batch_size together (`recipe_changes`). Ordered soonest-finishing first —
+    shortest schedule, then highest lr, then largest batch — because a budget that fits no screen runs the first
+    arm alone as a round."""
     out = []
-    for lr_f in LR_FACTORS:
-        for frac in STEP_FRACTIONS:
-            for batch_f in BATCH_FACTORS:
+    for frac in sorted(STEP_FRACTIONS):
+        for lr_f in sorted(LR_FACTORS, reverse=True):
+            for batch_f in sorted(BATCH_FACTORS, reverse=True):
                 changes = recipe_changes(cfg, lr_f, frac, batch_f)
                 lr = changes.get("lr", cfg.lr)
                 out.append(Candidate(f"recipe_lr{lr:g}_s{changes.get('steps', cfg.steps)}_b"
@@ -188,7 +190,8 @@ def search(cfg: Config, out, budget_s: float, target: float, seeds: int = 2, rep
                 f"{left:.0f} s left; a round costs ~{round_s:.0f} s, a screening run ~{screen_s:.0f} s, so "
                 f"{n} of {len(arms)} arms are screened at {cap / eta:.1f} s (cap/η, η={eta})"
                 + (", and the top 1/η promoted to rounds." if n >= 2 else
-                   "; fewer than two fit, so the first arm goes straight to a round."))
+                   f"; fewer than two fit, so the first arm ({arms[0].name}: the recipe grid is ordered "
+                   f"soonest-finishing first) goes straight to a round."))
         wb.note(f"bracket_{bracket:02d}", plan, decision="plan", who=WHO,
                 reasoning={"best_time_s": round(t_best, 2), "cap_s": round(cap, 2), "eta": eta,
                            "screen_cap_s": round(cap / eta, 2), "arms": [a.name for a in arms], "screened": n,

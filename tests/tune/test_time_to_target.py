@@ -88,7 +88,7 @@ def test_an_arm_that_did_not_reach_gets_no_time():
 def test_recipe_grid_changes_the_recipe_together():
     nanogpt = with_changes(load_config(REPO_ROOT / "configs" / "nano.yaml"), {"steps": 2000})
     arms = {a.name: a.changes for a in recipe_arms(nanogpt)}
-    assert len(arms) == 8
+    assert len(arms) == 8 and list(arms)[0] == "recipe_lr0.003_s1000_b16"  # soonest-finishing first
     # lr ×3 over half the schedule at batch ×4/3: warm-up and min_lr scaled with them
     assert arms["recipe_lr0.003_s1000_b16"] == {"lr": 0.003, "min_lr": 0.0003, "steps": 1000, "warmup": 50,
                                                 "batch_size": 16}
