@@ -27,6 +27,7 @@ from helpers.spawn.runner import child_env  # noqa: E402
 from noise_items import item_aa, item_clock, noise_rows  # noqa: E402  (bench/ is sys.path[0])
 from ttq_item import NANOGPT_RECIPE, item_ttq, ttq_rows  # noqa: E402
 from speed_item import arm_steps, item_speed, speed_rows  # noqa: E402
+from power_item import item_power, power_rows  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 # "must" limits: `make bench` exits 1 when an item measured in that invocation misses one. Goals are only reported.
@@ -212,18 +213,21 @@ def table(results: dict) -> str:
     lines += noise_rows(results)
     lines += speed_rows(results)
     lines += ttq_rows(results)
+    lines += power_rows(results)
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("item", choices=["all", "overhead", "mfu", "parity", "workbook", "aa", "clock", "bare",
-                                    "monitored", "speed", "speedarm", "ttq"])
+                                    "monitored", "speed", "speedarm", "power", "ttq"])
     p.add_argument("args", nargs="*")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--iters", type=int, default=2000)
-    p.add_argument("--trials", type=int, default=20, help="A/A checks (aa item)")
+    p.add_argument("--trials", type=int, default=20, help="A/A checks (aa item); trials per kind and condition "
+                                                       "(power item)")
+    p.add_argument("--conditions", default="quiet,hog", help="power item: quiet, hog or both (comma-separated)")
     p.add_argument("--budget-min", type=float, default=20.0, help="ttq item: the auto-tuner's budget, minutes")
     p.add_argument("--seeds", type=int, default=2, help="ttq item: seeds per arm (target, tuner rounds, comparison)")
     p.add_argument("--results", type=Path, default=RESULTS, help="folder for <item>.json and README.md")
@@ -237,11 +241,13 @@ def main() -> int:
         print((bare_loop if a.item == "bare" else monitored_loop)(a.args[0], int(a.args[1]), int(a.args[2])))
         return 0
     a.results.mkdir(parents=True, exist_ok=True)
-    items = ["overhead", "mfu", "parity", "workbook", "aa", "clock", "speed", "ttq"] if a.item == "all" else [a.item]
+    items = ["overhead", "mfu", "parity", "workbook", "aa", "clock", "speed", "power", "ttq"] if a.item == "all" \
+        else [a.item]
     runners = {"overhead": lambda: item_overhead(a.rounds, a.steps), "mfu": lambda: item_mfu(40),
                "parity": lambda: item_parity(a.iters), "workbook": item_workbook,
                "aa": lambda: item_aa(a.trials, a.preset), "clock": lambda: item_clock(3, a.preset),
                "speed": lambda: item_speed(max(a.rounds, 5), a.speed_steps),
+               "power": lambda: item_power(a.trials, tuple(a.conditions.split(","))),
                "ttq": lambda: item_ttq(a.iters, a.budget_min, a.seeds, a.results)}
     results = {}
     for f in a.results.glob("*.json"):

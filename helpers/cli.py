@@ -109,6 +109,20 @@ def _run_msrun(cfg, out, progress) -> int:
     return 0 if record.status == "ok" else 3
 
 
+def cmd_pair(args) -> int:
+    """A paired round's training process (started by helpers/spawn/paired.py): both arms in this process."""
+    import json
+    from helpers.run.pair import run_pair
+    from helpers.tune.paired import SpeedPlan, stop_rule
+    request = json.loads(Path(args.request).read_text(encoding="utf-8"))
+    ref, cand = load_config(request["reference"]), load_config(request["candidate"])
+    plan = SpeedPlan.from_dict(request["plan"])
+    tokens = [c.batch_size * c.grad_accum_steps * c.model.seq_len for c in (ref, cand)]
+    out = run_pair(ref, cand, Path(request["folder"]), plan.block_steps, plan.max_pairs,
+                   stop_rule(plan, *tokens))
+    return 0 if out["status"] != "failed" else 1
+
+
 def cmd_show(args) -> int:
     print(show_table(load_run(args.run_dir)))
     return 0
@@ -221,6 +235,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--steps", type=int, help="new total step count")
     add_progress_argument(r, default_progress)
     r.set_defaults(func=cmd_resume)
+
+    pr = sub.add_parser("pair", help="(internal) a paired round's process: reference and candidate in ABBA blocks")
+    pr.add_argument("--request", required=True, help="JSON: reference, candidate (config files), folder, plan")
+    pr.set_defaults(func=cmd_pair)
 
     s = sub.add_parser("show", help="print a run's summary table")
     s.add_argument("run_dir")

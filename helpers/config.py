@@ -67,6 +67,9 @@ class ModelConfig:
     attention: str = _knob("manual", "attention: BatchMatMul + mask + Softmax (manual), or the fused "
                                      "ops.flash_attention_score (flash; Ascend only, fp16/bf16 AMP, head size a "
                                      "multiple of 16)", choices=["manual", "flash"])
+    ballast: int = _knob(0, "test-only: width of an extra MatMul [tokens, d_model] × [d_model, ballast] whose output "
+                            "enters the loss multiplied by zero (a real cost of known size for bench.py power); "
+                            "0 = off", ge=0)
 
 
 @dataclass

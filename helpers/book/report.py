@@ -139,10 +139,22 @@ def verdict_text(result) -> str:
             f"{result.decision.upper()}{note} — {result.verdict.reason}")
 
 
+def interval_text(verdict) -> str:
+    """A speed verdict's figure: 'tokens/s ×1.043, 99.3% interval ×1.011–×1.076 (16 pairs, paired)'; a
+    convergence round's: its seed band in nats/token; '' when the round measured neither (failed)."""
+    if getattr(verdict, "interval", None):
+        low, high = verdict.interval
+        return (f"tokens/s ×{verdict.speedup:.3f}, {verdict.level:.1%} interval ×{low:.3f}–×{high:.3f} "
+                f"({verdict.pairs} pairs, {verdict.path})")
+    if verdict.noise_band is not None and verdict.decision != "failed":
+        return f"seed band ±{verdict.noise_band:.4f} nats/token"
+    return ""
+
+
 def speed_reading(result, others: dict[str, list[RunRecord]] | None = None) -> str:
     """What a round's runs measured, in sentences made from its records: the verdict with its reason, then the median
     tokens/s of each group in `others` (e.g. sweep points) as a ratio of the round's reference runs. A sweep point
-    is one run with no noise band of its own, so it gets a ratio, never a verdict."""
+    is one run with no interval of its own, so it gets a ratio, never a verdict."""
     ref = median_summary(load_runs(result.reference_runs), "tokens_per_s")
     lines = [verdict_text(result)]
     for label, records in (others or {}).items():
@@ -155,16 +167,16 @@ def speed_reading(result, others: dict[str, list[RunRecord]] | None = None) -> s
 
 
 def rounds_table(rounds: list, failed_notebooks: dict[str, str] | None = None) -> pd.DataFrame:
-    """Every round: change, objective, decision, speed-up, noise band, loss drift, memory ratio, reason; plus
-    rows for notebooks that failed before their round was recorded (decision 'failed'). The noise band is
-    relative tokens/s for a speed round and nats/token (seed band) for a convergence round."""
+    """Every round: change, objective, decision, speed-up, its interval (speed: the tokens/s ratio's interval, pairs
+    and measurement path; convergence: the seed band), loss drift, memory ratio, reason; plus rows for notebooks
+    that failed before their round was recorded (decision 'failed')."""
     rows = []
     for r in rounds:
         v = r.verdict
         rows.append({"round": r.index, "name": r.name, "change": changes_text(r.changes),
                      "objective": getattr(r, "objective", "speed"), "decision": r.decision,
                      "speed-up": _num(v.speedup, digits=3),
-                     "noise band": _num(v.noise_band, digits=3), "loss drift": _num(v.loss_drift, digits=4),
+                     "interval": interval_text(v), "loss drift": _num(v.loss_drift, digits=4),
                      "memory ratio": _num(v.memory_ratio, digits=3), "reason": v.reason,
                      "rollback point": str(r.rollback) if getattr(r, "rollback", None) else ""})
     names = {r.name for r in rounds}

@@ -3,6 +3,7 @@ progress bar, then keep / reject / roll back. It only fills parameters and calls
 methods the headless notebooks call; every button's work is a plain method a test can call."""
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import ipywidgets as w
@@ -11,7 +12,7 @@ from IPython.display import display
 
 from helpers.config import ConfigError, all_keys, flatten, with_changes
 from helpers.tune.ledger import RoundError
-from helpers.book.report import round_table, verdict_text
+from helpers.book.report import interval_text, round_table, verdict_text
 from helpers.tune.study import slug
 
 
@@ -75,7 +76,7 @@ class RoundPanel:
                 display(round_table(result))
             results.append(result)
             self.last = result
-            self._say(verdict_text(result))
+            self._say(verdict_html(result))
         return results
 
     def decide(self, decision: str) -> None:
@@ -94,6 +95,14 @@ class RoundPanel:
         current = flatten(self.workbook.rollback(self.last.index))
         values = ", ".join(f"{k}={current[k]!r}" for k in self.last.changes)
         self._say(f"rolled back to before round {self.last.index}: {values}")
+
+
+def verdict_html(result) -> str:
+    """The panel's status after a round: decision and interval in bold, then the verdict line with its rule."""
+    head = f"<b>{result.decision.upper()}</b>"
+    figure = interval_text(result.verdict)
+    return (f"{head} — <b>{html.escape(figure)}</b><br>{html.escape(verdict_text(result))}"
+            f"<br><i>rule: {html.escape(result.verdict.rule)}</i>")
 
 
 def round_panel(workbook, variable: str = "batch_size", values: str = "") -> RoundPanel:

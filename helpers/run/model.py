@@ -266,6 +266,14 @@ class GPT(nn.Cell):
         self.head = ops.MatMul(transpose_b=True)
         self.reshape = ops.Reshape()
         self.drop = nn.Dropout(p=cfg.dropout) if cfg.dropout > 0 else None
+        # Test-only ballast (bench.py power): real MatMul work, forward and backward, that cannot change the loss.
+        # The zero is a non-trainable Parameter, not a constant, so the graph compiler cannot fold the work away.
+        self.ballast = None
+        if cfg.ballast:
+            self.ballast = Parameter(initializer(Normal(0.02), (cfg.d_model, cfg.ballast), ms.float32),
+                                     name="ballast", requires_grad=False)
+            self.ballast_zero = Parameter(Tensor(0.0, ms.float32), name="ballast_zero", requires_grad=False)
+            self.ballast_mm, self.ballast_sum = ops.MatMul(), ops.ReduceSum()
 
     def construct(self, idx):
         x = self.tok(idx)
@@ -275,6 +283,9 @@ class GPT(nn.Cell):
         for block in self.blocks:
             x = block(x)
         x = self.reshape(self.norm(x), (-1, self.d_model))
+        if self.ballast is not None:
+            work = self.ballast_sum(self.ballast_mm(x, self.ballast.astype(x.dtype)))
+            x = x + self.ballast_zero.astype(x.dtype) * work
         return self.head(x, self.tok.embedding_table.astype(x.dtype))
 
 

@@ -58,6 +58,12 @@ def configure_mindspore(cfg: Config, graph_key: str = "") -> None:
         ms.device_context.cpu.op_tuning.threads_num(cfg.threads)
     if cfg.memory_optimize != "O0":  # Ascend only (config refuses it elsewhere); before the memory pool is made
         ms.runtime.set_memory(optimize_level=cfg.memory_optimize)
+    reseed(cfg)
+
+
+def reseed(cfg: Config) -> None:
+    """MindSpore's and NumPy's global seeds: a model built right after gets the init of a fresh process."""
+    import mindspore as ms
     ms.set_seed(cfg.seed)
     np.random.seed(cfg.seed)
 
@@ -118,9 +124,16 @@ class Trainer:
         self.writer = RecordWriter(self.run_dir)
         self.extra_summary: dict = {}
         self.prep = None
+        self.outcome: Outcome | None = None  # set when the record's steps end (ok, nan, stopped)
+        self.extra_steps = 0  # measurement-only steps allowed after the last recorded one (paired rounds)
+        self.shares_process = False  # another Trainer already set up MindSpore in this process (paired rounds)
+        self._peak = None
 
     def _configure(self) -> None:
         """Set up MindSpore for this process (a data-parallel rank also joins its process group here)."""
+        if self.shares_process:  # process-wide settings are made (they are equal for both arms): reseed only
+            reseed(self.cfg)
+            return
         configure_mindspore(self.cfg, str(self.prep.tokenizer.vocab_size) if self.prep else "")
 
     def _data(self):
@@ -151,8 +164,8 @@ class Trainer:
         backbone = apply_precision(backbone, cfg)
         self.loss_net = LossNet(backbone, vocab)
         self.eval_net = LossNet(backbone, vocab)
-        optimizer = make_optimizer(backbone, [lr_at(cfg, s) for s in range(1, cfg.steps + 1)],
-                                   cfg.weight_decay, cfg.betas, cfg.eps)
+        lrs = [lr_at(cfg, s) for s in range(1, cfg.steps + self.extra_steps + 1)]
+        optimizer = make_optimizer(backbone, lrs, cfg.weight_decay, cfg.betas, cfg.eps)
         self.stepper = Stepper(self.loss_net, optimizer, effective_max_grad_norm(cfg), cfg.loss_scale,
                                cfg.loss_scale_value, cfg.loss_scale_window, cfg.grad_accum_steps, cfg.grad_norm)
         self.hooks = RunHooks(cfg, self.run_dir, optimizer)
@@ -280,8 +293,17 @@ class Trainer:
 
     def run(self) -> Outcome:
         """Train `cfg.steps` steps (continuing a checkpoint if resume_from), writing the record."""
+        self.start()
+        self.step_block(self.cfg.steps)
+        return self.finish()
+
+    # Block stepping: start() → step_block(n) … → finish(). A paired round (helpers/run/pair.py) drives two
+    # Trainers of one process this way, alternating blocks of steps between them.
+    def start(self) -> int:
+        """Write the record's start, prepare the data, set up MindSpore (only reseed when `shares_process`),
+        build and compile the step Cells and open the step loop; returns the first step to train."""
         cfg = self.cfg
-        base = {"status": "running", "status_reason": "", "pid": os.getpid(),
+        base = self._base = {"status": "running", "status_reason": "", "pid": os.getpid(),
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         if cfg.resume_from:
             check_resumable(cfg)
@@ -305,22 +327,41 @@ class Trainer:
                 peak_info = peak_flops_info(cfg.device_target, "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype,
                                             cfg.threads)
             self.extra_summary.update(peak_summary(peak_info))  # which peak the MFU used: when, at what load
-            peak = peak_info["flops"]
+            self._peak = peak_info["flops"]
             with cost.phase("build"):
                 self._build()
             start = self._restore() + 1 if cfg.resume_from else 1
-            outcome = self._loop(start)
+            self._open(start)
         except Exception as exc:  # recorded as a failed run; the caller decides how loud to be
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            try:
-                self._finish({**base, "status": "failed", "status_reason": f"{type(exc).__name__}: {reason}",
-                              "traceback": traceback.format_exc()[-4000:]}, 1, None)
-            except RecordError:
-                pass  # the disk refused the failed summary too: the 'running' one left reads as 'interrupted'
-            raise
-        self._finish({**base, "status": outcome.status, "status_reason": outcome.reason},
-                     outcome.start_step, peak)
-        return outcome
+            self._fail(exc)
+        return start
+
+    def step_block(self, n: int) -> list[float]:
+        """Train up to `n` more steps and return their step times (ms). Fewer when the run ends (its last step,
+        a non-finite loss, a monitor's stop): `self.outcome` is then set. Once the record's last step is done,
+        further steps are measurement-only (timed, no metrics row; at most `extra_steps` of them)."""
+        try:
+            return self._extra(n) if self.outcome is not None else self._steps(n)
+        except Exception as exc:
+            self._fail(exc)
+
+    def finish(self, reason: str = "") -> Outcome:
+        """Write the summary with the outcome; a run stopped before its end is 'stopped' (with `reason`)."""
+        if self.outcome is None:
+            self.outcome = Outcome("stopped", reason or "stopped before its last step", self._start)
+        self._finish({**self._base, "status": self.outcome.status, "status_reason": self.outcome.reason},
+                     self.outcome.start_step, self._peak)
+        return self.outcome
+
+    def _fail(self, exc: Exception) -> None:
+        """Record the run as failed with `exc` (called while handling it), then re-raise it."""
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        try:
+            self._finish({**self._base, "status": "failed", "status_reason": f"{type(exc).__name__}: {reason}",
+                          "traceback": traceback.format_exc()[-4000:]}, 1, None)
+        except RecordError:
+            pass  # the disk refused the failed summary too: the 'running' one left reads as 'interrupted'
+        raise exc
 
     def _finish(self, base: dict, start_step: int, peak: float | None) -> None:
         if hasattr(self, "hooks"):
@@ -342,24 +383,34 @@ class Trainer:
         summary.pop("pid", None)
         self.writer.write_summary(summary)
 
-    def _loop(self, start: int) -> Outcome:
+    def _open(self, start: int) -> None:
+        """The loop's state: batches from step `start` on, the loss EMA of earlier rows, no outcome yet."""
         cfg = self.cfg
-        tokens = cfg.batch_size * cfg.grad_accum_steps * cfg.model.seq_len
         dataset = self._train_dataset((start - 1) * cfg.grad_accum_steps)
         if cfg.dataset_sink:  # Ascend/GPU only (config refuses it elsewhere): one sunk batch per step call
             import mindspore as ms
-            batches = ms.data_sink(self.calls[0], dataset, sink_size=1)
+            self._batches = ms.data_sink(self.calls[0], dataset, sink_size=1)
         else:
-            batches = iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True))
-        ema = Ema()
+            self._batches = iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True))
+        self._ema = Ema()
         for row in self.writer.rows:
-            ema.update(row["loss"])
-        last_good = start - 1
-        for step in range(start, cfg.steps + 1):
+            self._ema.update(row["loss"])
+        self._start = self._next = start
+        self._last_good = start - 1
+        self._replay, self._extra_done = None, 0
+
+    def _steps(self, n: int) -> list[float]:
+        """Up to `n` recorded steps from `self._next`; sets `self.outcome` when the run ends."""
+        cfg, start, ema, batches = self.cfg, self._start, self._ema, self._batches
+        tokens = cfg.batch_size * cfg.grad_accum_steps * cfg.model.seq_len
+        times = []
+        for step in range(self._next, min(self._next + n, cfg.steps + 1)):
+            self._next = step + 1
             self.hooks.before_step(step)
             t0 = time.perf_counter()
             loss, norm, finite, scale, wait_ms = self._one_step(batches)
             step_ms = (time.perf_counter() - t0) * 1000.0
+            times.append(step_ms)
             row = {"step": step, "step_time_ms": step_ms, "data_wait_ms": wait_ms, "tokens": tokens,
                    "tokens_per_s": tokens / (step_ms / 1000.0), "loss": loss, "loss_ema": ema.update(loss),
                    "grad_norm": norm, "loss_scale": scale, "overflow": int(not finite), "lr": lr_at(cfg, step),
@@ -376,17 +427,42 @@ class Trainer:
             if self.progress:
                 self.progress(row, cfg.steps)
             if bad:
-                return Outcome("nan", _nan_reason(step, last_good, row["lr"], scale, bad, cfg), start)
+                self.outcome = Outcome("nan", _nan_reason(step, self._last_good, row["lr"], scale, bad, cfg), start)
+                return times
             if stop:
-                return Outcome("stopped", stop, start)
+                self.outcome = Outcome("stopped", stop, start)
+                return times
             if good_enough:  # reached the target or the time cap: a finished run (status ok) that ended early
                 self._save_checkpoint(step)
-                return Outcome("ok", good_enough, start)
-            last_good = step
+                self.outcome = Outcome("ok", good_enough, start)
+                return times
+            self._last_good = step
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step != cfg.steps:
                 self._save_checkpoint(step)
-        self._save_checkpoint(cfg.steps)
-        return Outcome("ok", "", start)
+        if self._next > cfg.steps:
+            self._save_checkpoint(cfg.steps)
+            self.outcome = Outcome("ok", "", start)
+        return times
+
+    def _extra(self, n: int) -> list[float]:
+        """Up to `n` measurement-only steps after a finished record: the same Cells on the run's batches again
+        from its first (the optimizer's LR list was built `extra_steps` longer: lr_at is min_lr past the end);
+        no metrics row, monitor or checkpoint. Nothing after a NaN or stop: those ended the measurement too."""
+        if self.outcome.status != "ok":
+            return []
+        self._replay = self._replay or self._replayed()
+        times = []
+        for _ in range(min(n, self.extra_steps - self._extra_done)):
+            t0 = time.perf_counter()
+            self._one_step(self._replay)
+            times.append((time.perf_counter() - t0) * 1000.0)
+            self._extra_done += 1
+        return times
+
+    def _replayed(self):
+        """The run's batches from its first, over and over (measurement-only steps)."""
+        while True:
+            yield from self._train_dataset(0).create_tuple_iterator(num_epochs=1, output_numpy=True)
 
 
 def train(cfg: Config, run_dir: str | os.PathLike, progress=None):

@@ -3,7 +3,8 @@
 A workbook folder:
     workbook.json            marks the folder; the rule's settings and the pinned baseline config
     baseline/run_K/          the baseline's `repeats` run records
-    rounds/NN_name/          a round: candidate_K/ and reference_K/ runs (interleaved), rollback/ point
+    rounds/NN_name/          a round: candidate/ and reference/ (paired: one process, paired.json) or
+                             candidate_K/ and reference_K/ runs (separate processes), speed.json, rollback/ point
     aa/NN/                   A/A checks: the current best as candidate_K/ and reference_K/
     ledger.jsonl             the journal, one fsync'd JSON line per event, never rewritten: the source of truth
     best.yaml                the current best config (a mirror of the ledger, rewritten atomically)
@@ -36,8 +37,14 @@ from helpers.tune.ledger import Ledger, RoundError, WorkbookLock
 from helpers.record import (SUMMARY_FILE, RecordError, RunRecord, atomic_write_json, atomic_write_text, load_run,
                             median_summary, write_summary)
 from helpers.run.memory import default_memory_limit, memory_label
+from helpers.spawn.paired import launch_pair
 from helpers.spawn.runner import launch
-from helpers.tune.rules import Verdict, failed, judge, loss_gate_for, noise_band
+from helpers.tune.paired import (PAIRED_PLAN, PROCESS_PLAN, SpeedPlan, conclude, log_ratios, pair_log_ratio,
+                                 run_stat, should_stop)
+from helpers.tune.rules import Verdict, failed, judge, loss_gate_for, unfinished
+from helpers.tune.speed_path import PAIRED, speed_path
+
+SPEED_FILE = "speed.json"  # a speed round's measurement: path, plan, per-pair log ratios, looks, outcome
 
 __all__ = ["FIXED", "GROUPS", "RoundError", "RoundResult", "Verdict", "Workbook", "load_runs"]
 
@@ -284,18 +291,15 @@ class Workbook:
             return None, f"{run_dir.name} left no record ({str(exc).splitlines()[0]})"
 
     def _measure(self, cand_cfg: Config, ref_cfg: Config, folder: Path, label: str, progress: bool,
-                 seeds: list[int] | None = None, after_pair=None):
-        """`repeats` candidate runs interleaved with as many reference reruns, in ABBA order.
-
-        With `seeds`, one run per seed and arm instead (run k of both arms uses seeds[k-1]: a convergence round);
-        `after_pair(runs)` → True stops after a pair.
+                 count: int, seeds: list[int] | None = None, after_pair=None):
+        """Up to `count` pairs of runs, each run in its own process, ABBA order (C R, R C, …). With `seeds`, run k
+        of both arms uses seeds[k-1] (a convergence round); `after_pair(runs)` → True stops after a pair.
 
         Load on a shared machine drifts over minutes (here an identical rerun came out +38% against runs of a
         minute before, both repeats agreeing); runs taken side by side see the same drift, and ABBA cancels a
         linear trend. Stops at the first run that does not finish. Returns (candidates, references, error).
         """
         runs: dict[str, list[RunRecord]] = {"candidate": [], "reference": []}
-        count = len(seeds) if seeds else self.repeats
         for k in range(1, count + 1):
             for role in (("candidate", "reference") if k % 2 else ("reference", "candidate")):
                 cfg = cand_cfg if role == "candidate" else ref_cfg
@@ -312,27 +316,72 @@ class Workbook:
                 break
         return runs["candidate"], runs["reference"], ""
 
+    def _measure_speed(self, cand_cfg: Config, ref_cfg: Config, changes: dict, folder: Path, label: str,
+                       progress: bool) -> tuple[list[RunRecord], list[RunRecord], str, dict]:
+        """Measure a speed round the way its variable allows (`speed_path`): paired blocks in one process, or
+        ABBA pairs of runs in separate processes; both add pairs until a look decides or the budget (the
+        plan's last look) ends. Writes speed.json; returns (candidates, references, error, speed)."""
+        path, why = speed_path(changes, ref_cfg)
+        if not changes and path == PAIRED:
+            why = "an A/A check: the best against itself, both in one process"
+        plan = PAIRED_PLAN if path == PAIRED else PROCESS_PLAN
+        tokens = [c.batch_size * c.grad_accum_steps * c.model.seq_len for c in (ref_cfg, cand_cfg)]
+        t0 = time.perf_counter()
+        speed = {"path": path, "why": why, "plan": plan.to_dict(), "tokens_per_step": tokens}
+        if path == PAIRED:
+            ref, cand, raw, error = launch_pair(ref_cfg, cand_cfg, folder, plan.to_dict(), progress, label)
+            cands, refs = [r for r in [cand] if r], [r for r in [ref] if r]
+            if raw is not None:
+                speed["log_ratios"] = log_ratios(raw["pairs"], *tokens, plan.rank)
+                speed.update({k: raw.get(k) for k in ("setup_s", "measure_s", "status", "reason")})
+        else:
+            cands, refs, error, speed["log_ratios"] = self._process_pairs(cand_cfg, ref_cfg, folder, label,
+                                                                          progress, plan, tokens)
+        speed["wall_s"] = time.perf_counter() - t0
+        atomic_write_json(folder / SPEED_FILE, speed)
+        return cands, refs, error, speed
+
+    def _process_pairs(self, cand_cfg: Config, ref_cfg: Config, folder: Path, label: str, progress: bool,
+                       plan: SpeedPlan, tokens: list[int]):
+        """Pairs of runs in separate processes (`_measure`); one log ratio per pair from each run's `run_stat`,
+        until `should_stop`. Returns (candidates, references, error, log ratios)."""
+        ratios: list[float] = []
+
+        def after_pair(runs: dict[str, list[RunRecord]]) -> bool:
+            ref_ms, cand_ms = (run_stat(runs[r][-1], plan) for r in ("reference", "candidate"))
+            ratios.append(pair_log_ratio(ref_ms, cand_ms, *tokens))
+            return should_stop(ratios, plan)
+        return (*self._measure(cand_cfg, ref_cfg, folder, label, progress, plan.max_pairs, after_pair=after_pair),
+                ratios)
+
     def _verdict(self, candidates, references, error: str, baseline: list[RunRecord], objective: str = "speed",
-                 target: float | None = None) -> Verdict:
+                 target: float | None = None, speed: dict | None = None) -> Verdict:
+        gate = loss_gate_for(baseline, self.loss_gate)
         if error:
-            return failed(error, noise_band(baseline, [], baseline), loss_gate_for(baseline, self.loss_gate),
-                          self.memory_limit_bytes)
-        if objective == TIME_TO_TARGET:  # a capped run may have no steady tokens/s: its status says if it failed
-            sick = next((r for r in [*references, *candidates] if r.status != "ok"), None)
-            if sick is not None:
-                return failed(f"{sick.path.name} ended '{sick.status}': {sick.summary.get('status_reason')}", None,
-                              loss_gate_for(baseline, self.loss_gate), self.memory_limit_bytes)
-            return judge_time_to_target(references, candidates, self.memory_limit_bytes, target)
-        if objective == "convergence":
-            bad = judge(references, candidates, baseline, self.loss_gate, self.memory_limit_bytes)
-            if bad.decision == "failed":  # a seed that ended nan/failed: same reporting as a speed round
-                return bad
+            return failed(error, gate, self.memory_limit_bytes)
+        if objective in ("convergence", TIME_TO_TARGET):
+            why = unfinished(references, candidates)
+            if why:  # a seed that ended nan/failed: same reporting as a speed round
+                return failed(why, gate, self.memory_limit_bytes)
             try:
+                if objective == TIME_TO_TARGET:
+                    return judge_time_to_target(references, candidates, self.memory_limit_bytes, target)
                 return judge_convergence(references, candidates, self.memory_limit_bytes, target)
             except ValueError as exc:  # e.g. eval points that share no token count: recorded, not lost
-                return failed(f"validation curves cannot be compared: {exc}", bad.noise_band,
-                              loss_gate_for(baseline, self.loss_gate), self.memory_limit_bytes)
-        return judge(references, candidates, baseline, self.loss_gate, self.memory_limit_bytes)
+                return failed(f"validation curves cannot be compared: {exc}", gate, self.memory_limit_bytes)
+        why = unfinished(references, candidates)
+        if why:
+            return failed(why, gate, self.memory_limit_bytes)
+        plan = SpeedPlan.from_dict(speed["plan"])
+        try:
+            outcome = conclude(speed.get("log_ratios") or [], plan)
+        except ValueError as exc:  # the measurement ended before its first look: a failed round, recorded
+            return failed(f"speed measurement incomplete ({speed.get('reason') or exc})", gate,
+                          self.memory_limit_bytes)
+        speed["looks"] = [look.to_dict() for look in outcome.looks]
+        speed["decision"], speed["budget_spent"] = outcome.decision, outcome.budget_spent
+        return judge(references, candidates, baseline, outcome, plan, speed["path"], self.loss_gate,
+                     self.memory_limit_bytes)
 
     def baseline(self, progress: bool = True, who: str | None = None) -> list[RunRecord]:
         """The pinned baseline's runs: trained `repeats` times (each in its own process) on the first call."""
@@ -373,7 +422,6 @@ class Workbook:
         validation loss, not runs of equal length.
         """
         recipe = objective == TIME_TO_TARGET and set(changes) <= set(RECIPE)
-
         if not isinstance(name, str) or not _NAME.match(name):
             raise RoundError(f"round name {name!r} must be 1-48 letters, digits or _ . + - (it names a folder), "
                              f"e.g. 'batch_size'")
@@ -404,15 +452,16 @@ class Workbook:
                   time_cap_s: float | None = None) -> RoundResult:
         """Train the current best + `changes` against the current best, judge, record, save a rollback point.
 
-        objective="speed": `repeats` candidate runs interleaved with `repeats` reruns of the current best (see
-        `_measure`), judged on tokens/s (`verdict.judge`). objective="convergence": `seeds` runs per arm, run k
-        of both arms with seed best.seed + k − 1, judged on validation loss at equal tokens against the seed
-        band (`convergence.judge_convergence`; `target` = the val loss for time-to-target, default the level
-        every reference seed reached). objective="time_to_target": `seeds` runs per arm as for convergence, each
-        ending at its first validation pass with val loss ≤ `target` (default: the best's target_val_loss), the
-        candidate also at `time_cap_s` wall seconds; pairs stop at the first candidate seed that did not reach the
-        target (it cannot win); judged on wall seconds to the target against the seed band
-        (`convergence.judge_time_to_target`). The reruns are the round's reference_runs. `keep` makes the candidate the
+        objective="speed": the candidate against a rerun of the current best, measured the way the variable
+        allows (`_measure_speed`: paired blocks in one process, or run pairs in separate processes) until the
+        interval decides or the plan's budget ends, judged by `rules.judge`. objective="convergence": `seeds`
+        runs per arm, run k of both arms with seed best.seed + k − 1, judged on validation loss at equal tokens
+        against the seed band (`convergence.judge_convergence`; `target` = the val loss for time-to-target,
+        default the level every reference seed reached). objective="time_to_target": `seeds` runs per arm as
+        for convergence, each ending at its first validation pass with val loss ≤ `target` (default: the best's
+        target_val_loss), the candidate also at `time_cap_s` wall seconds; pairs stop at the first candidate
+        seed that did not reach the target (it cannot win); judged on wall seconds to the target against the
+        seed band (`convergence.judge_time_to_target`). The reruns are the round's reference_runs. `keep` makes the candidate the
         best; other decisions leave it. A run that does not finish ends the round as "failed" (records kept,
         remaining runs skipped). A speed round on a convergence variable (lr, warmup, ...) warns: tokens/s
         cannot judge it. `why` (one paragraph) and `reasoning` (e.g. the auto-tuner's diagnosis and cost
@@ -442,14 +491,20 @@ class Workbook:
                     raise RoundError(f"time_cap_s={time_cap_s!r} must be positive seconds, or None for no cap")
                 arms = ttq_arms(cand, best, target, time_cap_s)
                 after_pair = lambda runs: time_to_target(runs["candidate"][-1], target) is None  # noqa: E731
-
             baseline = self.load_runs(self._source(0, entries)[1])
             index = max(self._round_entries(entries), default=0) + 1
             folder = self._fresh(self.path / "rounds" / f"{index:02d}_{name}")
             seed_list = [best.seed + k for k in range(seeds)] if objective != "speed" else None
-            records, references, error = self._measure(*arms, folder, f"round {index} {name}", progress,
-                                                       seed_list, after_pair)
-            verdict = self._verdict(records, references, error, baseline, objective, target)
+            speed = None
+            if objective != "speed":
+                records, references, error = self._measure(*arms, folder, f"round {index} {name}", progress,
+                                                           seeds, seed_list, after_pair)
+            else:
+                records, references, error, speed = self._measure_speed(cand, best, moved, folder,
+                                                                        f"round {index} {name}", progress)
+            verdict = self._verdict(records, references, error, baseline, objective, target, speed)
+            if speed is not None:
+                atomic_write_json(folder / SPEED_FILE, {**speed, "verdict": verdict.to_dict()})
             rollback = self._save_rollback(folder / "rollback", cand, records)
             self._append({"event": "round", "round": index, "name": name, "objective": objective,
                           **({"seeds": seed_list} if seed_list else {}),
@@ -506,8 +561,10 @@ class Workbook:
             baseline = self.load_runs(self._source(0, entries)[1])
             number = sum(e["event"] == "aa_check" for e in entries) + 1
             folder = self._fresh(self.path / "aa" / f"{number:02d}")
-            records, references, error = self._measure(cfg, cfg, folder, f"A/A {number}", progress)
-            verdict = self._verdict(records, references, error, baseline)
+            records, references, error, speed = self._measure_speed(cfg, cfg, {}, folder, f"A/A {number}",
+                                                                    progress)
+            verdict = self._verdict(records, references, error, baseline, speed=speed)
+            atomic_write_json(folder / SPEED_FILE, {**speed, "verdict": verdict.to_dict()})
             self._append({"event": "aa_check", "round": best_round, "name": f"aa_{number:02d}", "changes": {},
                           "reference_runs": [self._rel(r.path) for r in references],
                           "candidate_runs": [self._rel(r.path) for r in records], "verdict": verdict.to_dict(),

@@ -1,10 +1,11 @@
-"""The keep/reject rule of a tuning round: throughput beyond a measured noise band, loss at equal tokens, memory.
+"""The keep/reject rule of a speed round: a paired interval of the tokens/s ratio, loss at equal tokens, memory.
 
-Pure functions over run records (no training here), so a verdict can be recomputed from the records alone.
+Pure functions over run records and a round's speed measurement (no training here), so a verdict can be
+recomputed from the round folder alone. The interval arithmetic is helpers/tune/paired.py; how a round measures
+(paired blocks in one process, or runs in separate processes) is helpers/tune/speed_path.py.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -13,29 +14,28 @@ import numpy as np
 from helpers.record import RunRecord
 from helpers.units import mib_text
 from helpers.run.memory import memory_label
-
-# Two repeats on a quiet machine differ by about ±2% (72–75 ms/step in mindspore-cpu-facts.md), so a smaller
-# gain is not resolvable with the default repeats however steady the measured spread happens to look.
-NOISE_FLOOR = 0.02
-# Two-sided 95% Student-t quantiles by degrees of freedom: the run-to-run spread comes from a few repeats
-# (3 dof for three groups of two); with a fixed 2σ band, 1 of 4 A/A checks on the loaded machine missed "no change".
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042)
-P10_P90_SIGMAS = 2.563   # p90 − p10 of a normal distribution spans 2.563 σ
-MEDIAN_SE = 1.2533       # standard error of a median of n normal samples = 1.2533 σ / √n
+from helpers.tune.paired import Outcome, SpeedPlan, ordinal, rule_text as speed_rule_text, t_quantile
 
 
 @dataclass
 class Verdict:
-    """The rule's outcome for one candidate against its reference; `reason` is one line with the numbers."""
+    """The rule's outcome for one candidate against its reference; `reason` is one line with the numbers.
+
+    speedup: candidate ÷ reference tokens/s (the interval's point estimate); interval: [low, high] of that
+    ratio; noise_band: the interval's relative half-width (for a convergence round: the seed band, nats/token);
+    pairs: block pairs (paired) or run pairs (processes) measured; path: "paired" or "processes".
+    """
     decision: str
     reason: str
     speedup: float | None
-    noise_band: float
+    noise_band: float | None
     loss_drift: float | None
     memory_ratio: float | None
     rule: str
+    interval: list[float] | None = None
+    pairs: int | None = None
+    path: str | None = None
+    level: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -43,75 +43,19 @@ class Verdict:
     @classmethod
     def from_dict(cls, data: dict) -> "Verdict":
         return cls(**{k: data.get(k) for k in ("decision", "reason", "speedup", "noise_band", "loss_drift",
-                                               "memory_ratio", "rule")})
+                                               "memory_ratio", "rule", "interval", "pairs", "path", "level")})
 
 
-def rule_text(loss_gate: float, memory_limit_bytes: int) -> str:
-    """The rule with its thresholds, as printed in every verdict."""
-    return (f"keep only if the median tokens/s gain exceeds the measured noise band (floor ±{NOISE_FLOOR:.0%}), "
-            f"the mean training loss at equal tokens is at most {loss_gate:.1%} worse than the reference "
-            f"(widened to the baseline repeats' spread when larger), and peak memory ≤ {mib_text(memory_limit_bytes)};"
-            f" slower beyond the band → reject; otherwise → no change; a run that did not finish → failed")
+def rule_text(plan: SpeedPlan, path: str, loss_gate: float, memory_limit_bytes: int) -> str:
+    """The whole rule with its thresholds, as printed in every speed verdict."""
+    return (f"{speed_rule_text(plan, path)}; and the mean training loss at equal tokens at most {loss_gate:.1%} "
+            f"worse than the reference (widened to the baseline repeats' spread when larger), peak memory ≤ "
+            f"{mib_text(memory_limit_bytes)}, else reject; a run that did not finish → failed")
 
 
 def t975(dof: int) -> float:
-    """Two-sided 95% Student-t quantile for `dof` degrees of freedom (1.96, the normal's, above 30 or at 0)."""
-    return T975[dof - 1] if 1 <= dof <= len(T975) else 1.96
-
-
-def _log_tokens_per_s(runs: Sequence[RunRecord]) -> np.ndarray:
-    return np.log(np.array([r.summary["tokens_per_s"] for r in runs], dtype=np.float64))
-
-
-def within_run_se(run: RunRecord) -> float:
-    """Relative standard error of one run's steady median step time (dimensionless, ≈ SE of its log).
-
-    σ is estimated from the steady window's p10–p90 spread (p90 − p10 = 2.563 σ for a normal), and the
-    median of n steps has standard error 1.2533 σ / √n; divided by the median step time.
-    """
-    s = run.summary
-    window = s.get("steady_window")
-    n = window[1] - window[0] + 1 if window else 0
-    if n < 2 or not s.get("step_time_ms"):
-        return 0.0
-    sigma = (s["step_time_ms_p90"] - s["step_time_ms_p10"]) / P10_P90_SIGMAS
-    return MEDIAN_SE * sigma / (s["step_time_ms"] * math.sqrt(n))
-
-
-def noise_band(reference: Sequence[RunRecord], candidate: Sequence[RunRecord],
-               baseline: Sequence[RunRecord]) -> float:
-    """Relative half-width of the band inside which a tokens/s ratio is noise (e.g. 0.041 = ±4.1%).
-
-    Computed on log tokens/s, because interference on a shared CPU slows a run by a factor, not by an amount:
-        b    = max(ln(1 + NOISE_FLOOR), t · √( v · (1/k_R + 1/k_C) + w_R/k_R + w_C/k_C ))
-        band = e^b − 1;  a speedup s is beyond the band when |ln s| > b, i.e. s > 1 + band or s < 1/(1 + band)
-      v   : run-to-run variance of ln(tokens/s), pooled by degrees of freedom over the distinct groups of
-            repeats at hand: the pinned baseline (only while the reference still has the baseline's config:
-            once a round moved the best, say from eager to graph mode, the baseline's spread belongs to
-            another population), the reference and the candidate;
-      w_G : mean squared `within_run_se` of group G's runs (step-time dispersion inside each run);
-      k_G : number of runs in group G (the comparison is between the groups' medians);
-      t   : the two-sided 95% Student-t quantile for v's pooled degrees of freedom Σ(k_G − 1) (`t975`).
-    Counting within-run dispersion on top of the between-run spread double-counts a little of it; that errs
-    toward "no change", and keeps the band honest when two repeats happen to agree by chance.
-    With no candidate runs (a failed round), the candidate is assumed to be as noisy as the reference.
-    """
-    candidate = candidate or reference
-    if baseline and reference and baseline[0].config != reference[0].config:
-        baseline = []
-    groups, seen = [], set()
-    for group in (baseline, reference, candidate):
-        key = tuple(sorted(str(r.path) for r in group))
-        if key not in seen and len(group) >= 2:
-            seen.add(key)
-            groups.append(_log_tokens_per_s(group))
-    dof = sum(len(g) - 1 for g in groups)
-    v = sum(np.var(g, ddof=1) * (len(g) - 1) for g in groups) / dof if dof else 0.0
-    k_r, k_c = len(reference), len(candidate)
-    w_r = float(np.mean([within_run_se(r) ** 2 for r in reference]))
-    w_c = float(np.mean([within_run_se(r) ** 2 for r in candidate]))
-    b = max(math.log1p(NOISE_FLOOR), t975(dof) * math.sqrt(v * (1 / k_r + 1 / k_c) + w_r / k_r + w_c / k_c))
-    return math.expm1(b)
+    """Two-sided 95% Student-t quantile for `dof` degrees of freedom, exact at every dof (scipy)."""
+    return t_quantile(0.975, dof)
 
 
 def total_tokens(run: RunRecord) -> float:
@@ -159,55 +103,65 @@ def loss_drift(reference: Sequence[RunRecord], candidate: Sequence[RunRecord]) -
     return (cand - ref) / ref
 
 
-def failed(reason: str, band: float, loss_gate: float, memory_limit_bytes: int) -> Verdict:
+def failed(reason: str, loss_gate: float, memory_limit_bytes: int, rule: str | None = None) -> Verdict:
     """The verdict of a round with a run that did not finish (or left no record)."""
-    return Verdict("failed", f"{reason} → failed", None, band, None, None, rule_text(loss_gate, memory_limit_bytes))
+    return Verdict("failed", f"{reason} → failed", None, None, None, None,
+                   rule or f"a run that did not finish → failed (loss gate {loss_gate:.1%}, memory limit "
+                           f"{mib_text(memory_limit_bytes)})")
+
+
+def unfinished(reference: Sequence[RunRecord], candidate: Sequence[RunRecord]) -> str:
+    """"" when every run ended ok; else the reason naming the run that failed first — one that ended on its
+    own ('nan', 'failed') before one that was stopped because the other arm of its paired process ended."""
+    bad = [(role, i, run) for role, group in (("candidate", candidate), ("reference", reference))
+           for i, run in enumerate(group, 1) if run.status != "ok"]
+    if not bad:
+        return ""
+    role, i, run = sorted(bad, key=lambda b: b[2].status == "stopped")[0]
+    why = (run.summary.get("status_reason") or "no reason recorded").splitlines()[0]
+    return f"{role} run {i} ({run.path.name}) ended '{run.status}': {why}"
 
 
 def judge(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], baseline: Sequence[RunRecord],
-          loss_gate: float, memory_limit_bytes: int) -> Verdict:
-    """Apply the rule (see `rule_text`) to a candidate's repeats against the reference's (run records).
+          speed: Outcome, plan: SpeedPlan, path: str, loss_gate: float, memory_limit_bytes: int) -> Verdict:
+    """Apply the rule to a round: its speed outcome (`paired.conclude` over the round's pairs), the arms' records.
 
-    A run of either side that did not finish makes the verdict "failed" with that run's status_reason.
-    speedup = median candidate tokens/s ÷ median reference tokens/s; memory_ratio = median peak memory (bytes;
-    process RSS on CPU, the device allocator's peak on GPU/Ascend, named by the summary's memory_source)
-    ratio; loss_drift from `loss_drift`; the band from `noise_band`. Precedence: failed > over the memory
-    limit > loss worse beyond the gate > speed (keep / reject "slower" / no change). A lower loss is allowed.
+    A run of either arm that did not finish → "failed" with its reason (`unfinished`). memory_ratio = median
+    candidate ÷ median reference peak memory (bytes; each arm's own, see helpers/run/pair.py); loss_drift from
+    `loss_drift`. Precedence: failed > over the memory limit > loss worse beyond the gate > speed (keep / reject
+    / no change, from the interval). A lower loss is allowed.
     """
     gate = loss_gate_for(baseline, loss_gate)
-    for role, group in (("candidate", candidate), ("reference", reference)):
-        for i, run in enumerate(group, 1):
-            if run.status != "ok":
-                why = (run.summary.get("status_reason") or "no reason recorded").splitlines()[0]
-                ok_refs = [r for r in reference if r.status == "ok"] or list(baseline)
-                return failed(f"{role} run {i} ({run.path.name}) ended '{run.status}': {why}",
-                              noise_band(ok_refs, [], baseline), gate, memory_limit_bytes)
-    band = noise_band(reference, candidate, baseline)
-    ref_tps = float(np.median([r.summary["tokens_per_s"] for r in reference]))
-    cand_tps = float(np.median([r.summary["tokens_per_s"] for r in candidate]))
-    speedup = cand_tps / ref_tps
-    gain, beyond = speedup - 1, abs(math.log(speedup)) > math.log1p(band)
+    rule = rule_text(plan, path, gate, memory_limit_bytes)
+    why = unfinished(reference, candidate)
+    if why:
+        return failed(why, gate, memory_limit_bytes, rule)
+    look = speed.look
+    iv = look.interval
     drift = loss_drift(reference, candidate)
     peak = max(r.summary["peak_memory_bytes"] for r in candidate)
-    memory_ratio = (float(np.median([r.summary["peak_memory_bytes"] for r in candidate]))
-                    / float(np.median([r.summary["peak_memory_bytes"] for r in reference])))
-
-    if beyond and gain > 0:
-        speed, verdict = "beyond", "keep"
-    elif beyond:
-        speed, verdict = "slower beyond", "reject"
-    else:
-        speed, verdict = "within", "no change"
+    # A paired round holds both arms in one process: each arm's resident memory after its warm-up is measured
+    # the same way for both (helpers/run/pair.py), so the ratio uses it; the gate uses the candidate's own peak.
+    basis = "resident_memory_bytes" if all(r.summary.get("resident_memory_bytes") for r in [*candidate, *reference]) \
+        else "peak_memory_bytes"
+    memory_ratio = (float(np.median([r.summary[basis] for r in candidate]))
+                    / float(np.median([r.summary[basis] for r in reference])))
     over_memory, worse_loss = peak > memory_limit_bytes, drift > gate
-    if over_memory or worse_loss:
-        verdict = "reject"
+    verdict = "reject" if over_memory or worse_loss else speed.decision
+    speed_part = {"keep": f"above +{plan.floor:.0%}", "reject": f"below −{plan.floor:.0%}",
+                  "no change": (f"straddles ±{plan.floor:.0%} at the last look (budget spent)" if speed.budget_spent
+                                else f"inside ±{plan.floor:.0%}")}[speed.decision]
     loss_part = (f"loss drift {drift:+.1%} {'beyond' if worse_loss else 'within'} gate {gate:.1%}"
                  + (" (lower loss allowed)" if drift < -gate else ""))
-    memory_part = (f"{memory_label(candidate[0].summary)} {memory_ratio:.2f}× ({mib_text(peak)} {'>' if over_memory else '≤'} limit "
-                   f"{mib_text(memory_limit_bytes)})")
-    why = [w for w, hit in (("over the memory limit", over_memory), ("loss worse at equal tokens", worse_loss))
-           if hit]
-    reason = (f"tokens/s {gain:+.1%} ({ref_tps:,.0f} → {cand_tps:,.0f}) {speed} noise band "
-              f"{1 / (1 + band) - 1:+.1%}/+{band:.1%}; "
-              f"{loss_part}; {memory_part} → {verdict}" + (f" ({', '.join(why)})" if why else ""))
-    return Verdict(verdict, reason, speedup, band, drift, memory_ratio, rule_text(gate, memory_limit_bytes))
+    memory_part = (f"{memory_label(candidate[0].summary)} {memory_ratio:.2f}×"
+                   f"{' (resident after warm-up)' if basis == 'resident_memory_bytes' else ''} ({mib_text(peak)} "
+                   f"{'>' if over_memory else '≤'} limit {mib_text(memory_limit_bytes)})")
+    hits = [w for w, hit in (("over the memory limit", over_memory), ("loss worse at equal tokens", worse_loss))
+            if hit]
+    reason = (f"tokens/s ×{iv.ratio:.3f} ({iv.ratio - 1:+.1%}), {iv.level:.1%} interval ×{iv.ratio_low:.3f}–"
+              f"×{iv.ratio_high:.3f} (±{iv.half_width:.1%}) after {look.pairs} pairs ({path}; "
+              f"{plan.trim:.0%}-trimmed mean of per-pair log ratios of {ordinal(plan.rank)}-fastest steps) "
+              f"{speed_part}; {loss_part}; {memory_part} → {verdict}" + (f" ({', '.join(hits)})" if hits else ""))
+    return Verdict(verdict, reason, iv.ratio, iv.half_width, drift, memory_ratio, rule,
+                   [iv.ratio_low, iv.ratio_high], look.pairs, path, iv.level)
+

@@ -95,11 +95,12 @@ def test_plots_draw_one_line_per_run():
 
 def test_rounds_table_adds_failed_notebooks():
     verdict = SimpleNamespace(speedup=1.1, noise_band=0.05, loss_drift=0.001, memory_ratio=1.0, reason="r",
-                              decision="keep")
+                              decision="keep", interval=[1.05, 1.16], level=0.999, pairs=8, path="paired")
     rnd = SimpleNamespace(index=1, name="batch_size", changes={"batch_size": (12, 24)}, verdict=verdict,
                           decision="keep", rollback=Path("/w/rounds/01/rollback"), override=None)
     table = report.rounds_table([rnd], {"05_batch_size": "ValueError: boom"})
     assert list(table["decision"]) == ["keep", "failed"]
+    assert table.iloc[0]["interval"] == "tokens/s ×1.100, 99.9% interval ×1.050–×1.160 (8 pairs, paired)"
     assert table.iloc[1]["reason"] == "notebook failed: ValueError: boom"
     assert report.verdict_text(rnd).startswith("Round 1 'batch_size': batch_size 12 → 24 → KEEP — r")
 
@@ -133,7 +134,9 @@ class FakeWorkbook:
 
     def run_round(self, name, changes, progress=True):
         self.calls.append(("run_round", name, changes))
-        verdict = SimpleNamespace(reason="tokens/s +5%", decision="no change")
+        verdict = SimpleNamespace(reason="tokens/s ×1.004 …", decision="no change", speedup=1.004,
+                                  interval=[0.99, 1.02], level=0.993, pairs=16, path="paired", noise_band=0.015,
+                                  rule="speed (paired: …)")
         return SimpleNamespace(index=len(self.calls), name=name, changes={k: (12, v) for k, v in changes.items()},
                                verdict=verdict, decision="no change", override=None, reference_runs=[],
                                candidate_runs=[])
@@ -152,6 +155,8 @@ def test_round_panel_calls_the_workbook():
     results = panel.run()
     assert [c[1:] for c in wb.calls] == [("batch_size_16", {"batch_size": 16}), ("batch_size_24", {"batch_size": 24})]
     assert len(results) == 2 and "NO CHANGE" in panel.status.value
+    assert "99.3% interval ×0.990–×1.020 (16 pairs, paired)" in panel.status.value  # the interval, not a band
+    assert "rule: speed (paired" in panel.status.value
     panel.why.value = "more memory headroom"
     panel.decide("reject")
     assert wb.calls[-1] == ("decide", 2, "reject", "widget", "more memory headroom")

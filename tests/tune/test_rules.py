@@ -1,26 +1,58 @@
-"""The noise band's arithmetic on hand-made records (arithmetic only: real runs are in test_rounds)."""
+"""The speed rule's verdict on hand-made records and a hand-made paired outcome (arithmetic only: real runs are in
+test_rounds): what decides, in which order, and what the reason prints."""
 from pathlib import Path
 
 import pytest
 
 from helpers.config import from_dict
 from helpers.record import RunRecord
-from helpers.tune.rules import noise_band
+from helpers.tune.paired import SpeedPlan, conclude
+from helpers.tune.rules import judge, unfinished
+
+PLAN = SpeedPlan()
 
 
-def _run(name: str, tokens_per_s: float, cfg) -> RunRecord:
-    summary = {"status": "ok", "tokens_per_s": tokens_per_s, "step_time_ms": 10.0, "step_time_ms_p10": 10.0,
-               "step_time_ms_p90": 10.0, "steady_window": [6, 50]}
-    return RunRecord(path=Path(name), config=cfg, metrics=[], summary=summary, env={})
+def _run(name: str, losses: list[float], peak: int = 100 * 2**20, status: str = "ok", reason: str = "",
+         resident: int | None = None) -> RunRecord:
+    rows = [{"step": i + 1, "tokens": 10, "loss": v} for i, v in enumerate(losses)]
+    summary = {"status": status, "status_reason": reason, "peak_memory_bytes": peak, "memory_source": "process RSS",
+               "resident_memory_bytes": resident}
+    return RunRecord(path=Path(name), config=from_dict({}), metrics=rows, summary=summary, env={})
 
 
-def test_baseline_spread_counts_only_while_the_best_is_still_the_baseline_config():
-    eager, graph = from_dict({"mode": "pynative"}), from_dict({"mode": "graph"})
-    baseline = [_run("b1", 22.0, eager), _run("b2", 36.0, eager)]  # a noisy eager baseline
-    reference = [_run("r1", 1000.0, graph), _run("r2", 1010.0, graph)]
-    candidate = [_run("c1", 1200.0, graph), _run("c2", 1190.0, graph)]
-    moved_on = noise_band(reference, candidate, baseline)
-    assert moved_on == pytest.approx(noise_band(reference, candidate, []))
-    assert moved_on < 0.1
-    same_config = [_run("b1", 900.0, graph), _run("b2", 1500.0, graph)]
-    assert noise_band(reference, candidate, same_config) > 0.5  # still the baseline's population: pooled
+BASE = [_run("b1", [2.0, 1.0]), _run("b2", [2.0, 1.0])]
+FASTER = conclude([0.05 + 0.002 * (-1) ** i for i in range(16)], PLAN)  # +5% at the first look
+
+
+def test_a_clear_gain_is_kept_and_the_reason_prints_estimator_interval_pairs_and_path():
+    v = judge([_run("r", [2.0, 1.0])], [_run("c", [2.0, 1.0])], BASE, FASTER, PLAN, "paired", 0.02, 2**30)
+    assert v.decision == "keep" and v.pairs == 8 and v.path == "paired" and v.level == pytest.approx(0.999)
+    assert v.interval[0] > 1.01 and v.speedup == pytest.approx(1.0513, abs=1e-3)
+    assert "tokens/s ×1.051 (+5.1%), 99.9% interval ×1.04" in v.reason and "after 8 pairs (paired;" in v.reason
+    assert "20%-trimmed mean of per-pair log ratios of 2nd-fastest steps" in v.reason
+    assert v.reason.endswith("→ keep") and "looks after 8 pairs at 99.9%" in v.rule
+
+
+def test_loss_and_memory_gates_override_the_speed_decision():
+    worse = [_run("c", [2.2, 1.1])]
+    v = judge([_run("r", [2.0, 1.0])], worse, BASE, FASTER, PLAN, "paired", 0.02, 2**30)
+    assert v.decision == "reject" and "(loss worse at equal tokens)" in v.reason and "beyond gate 2.0%" in v.reason
+    v = judge([_run("r", [2.0, 1.0])], [_run("c", [2.0, 1.0], peak=2**31)], BASE, FASTER, PLAN, "paired", 0.02,
+              2**30)
+    assert v.decision == "reject" and "over the memory limit" in v.reason
+
+
+def test_paired_memory_ratio_uses_resident_memory_of_both_arms():
+    ref = [_run("r", [2.0, 1.0], peak=900, resident=500)]
+    cand = [_run("c", [2.0, 1.0], peak=1000, resident=550)]
+    v = judge(ref, cand, BASE, FASTER, PLAN, "paired", 0.02, 2**30)
+    assert v.memory_ratio == pytest.approx(1.1) and "1.10× (resident after warm-up)" in v.reason
+
+
+def test_an_unfinished_run_fails_the_round_naming_the_arm_that_ended_first():
+    nan = _run("candidate", [2.0], status="nan", reason="loss became non-finite at step 2")
+    stopped = _run("reference", [2.0], status="stopped", reason="the candidate arm ended first")
+    assert unfinished([stopped], [nan]).startswith("candidate run 1 (candidate) ended 'nan'")
+    assert unfinished([nan], [stopped]).startswith("reference run 1 (candidate) ended 'nan'")
+    v = judge([stopped], [nan], BASE, FASTER, PLAN, "paired", 0.02, 2**30)
+    assert v.decision == "failed" and v.reason.endswith("→ failed") and v.interval is None
