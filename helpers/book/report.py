@@ -141,13 +141,14 @@ def verdict_text(result) -> str:
 
 def interval_text(verdict) -> str:
     """A speed verdict's figure: 'tokens/s ×1.043, 99.3% interval ×1.011–×1.076 (16 pairs, paired)'; a
-    convergence round's: its seed band in nats/token; '' when the round measured neither (failed)."""
+    convergence round's: its seed band in nats/token (a time-to-target round's: in seconds); '' when the round measured neither (failed)."""
     if getattr(verdict, "interval", None):
         low, high = verdict.interval
         return (f"tokens/s ×{verdict.speedup:.3f}, {verdict.level:.1%} interval ×{low:.3f}–×{high:.3f} "
                 f"({verdict.pairs} pairs, {verdict.path})")
     if verdict.noise_band is not None and verdict.decision != "failed":
-        return f"seed band ±{verdict.noise_band:.4f} nats/token"
+        unit = "s" if verdict.objective == "time_to_target" else "nats/token"
+        return f"seed band ±{verdict.noise_band:.4g} {unit}"
     return ""
 
 

@@ -8,7 +8,6 @@ where the library is usable: on CPU, in fp32, built and current.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 from helpers.config import Config, ConfigError
 from helpers.paths import REPO_ROOT

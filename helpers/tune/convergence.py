@@ -1,10 +1,12 @@
-"""The convergence rule of a tuning round: validation loss at equal tokens, with a seed-to-seed noise band.
+"""What convergence and time-to-target rounds measure: validation loss at equal tokens, seconds to a target,
+and the seed-to-seed noise band.
 
 A speed round asks "is a step faster at the same quality?"; a convergence round asks "does the model learn
 more from the same data?" — the question for lr, warm-up, schedule, clipping, weight decay, betas and the
 global batch. Each arm (reference = the current best, candidate) trains with the same list of seeds (paired:
 seed k of both arms has the same initialisation and data order), and the seeds' spread is the noise band.
-Pure functions over run records, like `verdict.judge`, so a verdict can be recomputed from the records alone.
+Pure arithmetic over run records (curves, interpolation, the seed band); the judges that use it are in
+`rules.py`, beside the speed judge, so a verdict can be recomputed from the records alone.
 """
 from __future__ import annotations
 
@@ -16,9 +18,7 @@ import numpy as np
 
 from helpers.config import Config, with_changes
 from helpers.record import RunRecord
-from helpers.tune.rules import Verdict, t975
-from helpers.units import mib_text
-from helpers.run.memory import memory_label
+from helpers.tune.paired import t_quantile
 
 # Variables that change what a model learns per token rather than how fast a step runs: a speed round on them
 # measures tokens/s, which they do not move, so `Workbook.run_round` warns and points to objective="convergence".
@@ -29,17 +29,6 @@ OBJECTIVES = ("speed", "convergence", TIME_TO_TARGET)
 # The recipe: what a time-to-target round may change together (the schedule's length, steps, included: the
 # comparison is in wall seconds to a val loss, not at equal steps or tokens).
 RECIPE = ("lr", "warmup", "steps", "schedule", "min_lr", "batch_size", "grad_accum_steps")
-
-
-def convergence_rule_text(memory_limit_bytes: int) -> str:
-    """The convergence rule with its thresholds, as printed in every convergence verdict."""
-    return ("keep only if the candidate's mean validation loss at equal tokens (the largest token count every "
-            "run evaluated at; eval points interpolated on cumulative tokens) is below the reference's by more "
-            "than the seed band (95% Student-t half-width of the pooled seed-to-seed spread of both arms), and "
-            f"peak memory ≤ {mib_text(memory_limit_bytes)}; above by more than the band → reject; otherwise → no "
-            "change; a run that did not finish → failed. Time to target (wall seconds since the run's process "
-            "started, evaluation included, until validation loss ≤ the level every reference seed reached) is "
-            "reported, not judged")
 
 
 def eval_curve(run: RunRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -115,7 +104,7 @@ def seed_band(reference: Sequence[float], candidate: Sequence[float]) -> float:
     if dof < 1:
         raise ValueError("a seed band needs at least two runs in one arm; use seeds=2 or more")
     v = sum(float(np.var(g, ddof=1)) * (len(g) - 1) for g in groups if len(g) > 1) / dof
-    return t975(dof) * math.sqrt(v * (1 / len(groups[0]) + 1 / len(groups[1])))
+    return t_quantile(0.975, dof) * math.sqrt(v * (1 / len(groups[0]) + 1 / len(groups[1])))
 
 
 @dataclass
@@ -151,75 +140,7 @@ def figures(reference: Sequence[RunRecord], candidate: Sequence[RunRecord],
                               [time_to_target(r, target) for r in candidate])
 
 
-def _times_text(times: list[float | None]) -> str:
-    reached = [t for t in times if t is not None]
-    if not reached:
-        return "not reached"
-    note = "" if len(reached) == len(times) else f" ({len(reached)}/{len(times)} seeds reached it)"
-    return f"{np.mean(reached):.1f} s{note}"
-
-
-def judge_convergence(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], memory_limit_bytes: int,
-                      target: float | None = None) -> Verdict:
-    """Apply the convergence rule (`convergence_rule_text`) to the two arms' seed runs (all status ok).
-
-    Verdict fields: noise_band = the seed band in nats/token; loss_drift = relative difference of mean
-    validation loss at equal tokens (positive = candidate worse); speedup = median tokens/s ratio (reported,
-    not judged); memory_ratio = median peak RSS ratio.
-    """
-    f = figures(reference, candidate, target)
-    ref_mean, cand_mean = float(np.mean(f.reference_losses)), float(np.mean(f.candidate_losses))
-    decision, where = _against_band(f.delta, f.band)
-    speedup, memory_ratio, over_memory, side = _speed_and_memory(reference, candidate, memory_limit_bytes)
-    if over_memory:
-        decision = "reject"
-    reason = (f"val loss at {f.tokens:,.0f} tokens {ref_mean:.4f} → {cand_mean:.4f} ({f.delta:+.4f}) {where} seed "
-              f"band ±{f.band:.4f} ({len(f.reference_losses)}+{len(f.candidate_losses)} seeds); time to val loss "
-              f"{f.target:.4f}: {_times_text(f.reference_times)} → {_times_text(f.candidate_times)}; {side} → "
-              f"{decision}" + (" (over the memory limit)" if over_memory else ""))
-    return Verdict(decision, reason, speedup, f.band, f.delta / ref_mean, memory_ratio,
-                   convergence_rule_text(memory_limit_bytes))
-
-
-def _against_band(delta: float, band: float) -> tuple[str, str]:
-    """(decision, where) of a candidate − reference difference against its seed band (lower is better)."""
-    if delta < -band:
-        return "keep", "below"
-    if delta > band:
-        return "reject", "above"
-    return "no change", "within"
-
-
-def _speed_and_memory(reference: Sequence[RunRecord], candidate: Sequence[RunRecord],
-                      memory_limit_bytes: int) -> tuple[float, float, bool, str]:
-    """(median tokens/s ratio, median peak-memory ratio, candidate peak over the limit, the reason's words).
-    The tokens/s ratio is None when a run has none (one stopped by a time cap before its steady window)."""
-    peak = max(r.summary["peak_memory_bytes"] for r in candidate)
-    memory_ratio = (float(np.median([r.summary["peak_memory_bytes"] for r in candidate]))
-                    / float(np.median([r.summary["peak_memory_bytes"] for r in reference])))
-    over = peak > memory_limit_bytes
-    rates = [[r.summary.get("tokens_per_s") for r in group] for group in (candidate, reference)]
-    speedup = (float(np.median(rates[0]) / np.median(rates[1])) if all(v for g in rates for v in g) else None)
-    return speedup, memory_ratio, over, (f"tokens/s {'n/a' if speedup is None else f'{speedup - 1:+.1%}'}; "
-                                         f"{memory_label(candidate[0].summary)} "
-                                         f"{memory_ratio:.2f}× ({mib_text(peak)} {'>' if over else '≤'} limit "
-                                         f"{mib_text(memory_limit_bytes)})")
-
-
 # ------------------------------------------------------------------------------------- time to target
-
-def ttq_rule_text(memory_limit_bytes: int) -> str:
-    """The time-to-target rule with its thresholds, as printed in every time-to-target verdict."""
-    return ("each arm trains until its validation loss ≤ the target (or its steps or time cap end); its time to "
-            "target counts wall seconds since the run's process started — start-up, imports, data, compile, every "
-            "step and validation pass: everything the user pays — interpolated between the validation passes that "
-            "bracket the crossing; a run that never gets there did not reach and has no time. keep only if every "
-            "candidate seed reached the target and their mean time is below the reference's by more than the seed "
-            "band (95% Student-t half-width of the pooled seed-to-seed spread of both arms' times), or every "
-            "candidate seed reached it and a reference seed did not; reject if a candidate seed did not reach it "
-            "while every reference seed did, or its mean time is above by more than the band, or peak memory > "
-            f"{mib_text(memory_limit_bytes)}; otherwise no change; a run that did not finish → failed")
-
 
 @dataclass
 class TimeFigures:
@@ -266,33 +187,3 @@ def seed_times_text(times: list[float | None]) -> str:
     """Each seed's seconds to target, "did not reach" where it has none; the mean only when all reached."""
     each = ", ".join("did not reach" if t is None else f"{t:.1f} s" for t in times)
     return f"mean {np.mean(times):.1f} s ({each})" if TimeFigures.reached(times) else f"did not reach ({each})"
-
-
-def judge_time_to_target(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], memory_limit_bytes: int,
-                         target: float) -> Verdict:
-    """Apply the time-to-target rule (`ttq_rule_text`) to the two arms' seed runs (all status ok).
-
-    Verdict fields: speedup = reference ÷ candidate mean seconds to target (> 1: the candidate gets there
-    sooner; None unless both arms reached it on every seed); noise_band = the seed band in seconds;
-    loss_drift = None (not judged); memory_ratio = median peak memory ratio.
-    """
-    f = time_figures(reference, candidate, target)
-    ref_ok, cand_ok = TimeFigures.reached(f.reference_times), TimeFigures.reached(f.candidate_times)
-    speedup = None
-    if f.band is not None:
-        speedup = float(np.mean(f.reference_times) / np.mean(f.candidate_times))
-        decision, where = _against_band(f.delta, f.band)
-        judged = f"{f.delta:+.1f} s, {where} the seed band ±{f.band:.1f} s"
-    elif cand_ok:
-        decision, judged = "keep", "every candidate seed reached it, the reference did not"
-    elif ref_ok:
-        decision, judged = "reject", "the candidate did not reach it, the reference did"
-    else:
-        decision, judged = "no change", "neither arm reached it on every seed"
-    _, memory_ratio, over_memory, side = _speed_and_memory(reference, candidate, memory_limit_bytes)
-    if over_memory:
-        decision = "reject"
-    reason = (f"time to val loss {f.target:.4f} (wall s since process start, evaluation included): reference "
-              f"{seed_times_text(f.reference_times)} → candidate {seed_times_text(f.candidate_times)}; {judged}; "
-              f"{side} → {decision}" + (" (over the memory limit)" if over_memory else ""))
-    return Verdict(decision, reason, speedup, f.band, None, memory_ratio, ttq_rule_text(memory_limit_bytes))

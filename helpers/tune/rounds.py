@@ -31,8 +31,7 @@ from typing import Any, Iterator
 from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import absolute
-from helpers.tune.convergence import (CONVERGENCE_VARIABLES, OBJECTIVES, RECIPE, TIME_TO_TARGET, judge_convergence,
-                                      judge_time_to_target, time_to_target, ttq_arms)
+from helpers.tune.convergence import CONVERGENCE_VARIABLES, OBJECTIVES, RECIPE, TIME_TO_TARGET, time_to_target, ttq_arms
 from helpers.tune.ledger import Ledger, RoundError, WorkbookLock
 from helpers.record import (SUMMARY_FILE, RecordError, RunRecord, atomic_write_json, atomic_write_text, load_run,
                             median_summary, write_summary)
@@ -41,7 +40,8 @@ from helpers.spawn.paired import launch_pair
 from helpers.spawn.runner import launch
 from helpers.tune.paired import (PAIRED_PLAN, PROCESS_PLAN, SpeedPlan, conclude, log_ratios, pair_log_ratio,
                                  run_stat, should_stop)
-from helpers.tune.rules import Verdict, failed, judge, loss_gate_for, unfinished
+from helpers.tune.rules import (Verdict, failed, judge, judge_convergence, judge_time_to_target, loss_gate_for,
+                                unfinished)
 from helpers.tune.speed_path import PAIRED, speed_path
 
 SPEED_FILE = "speed.json"  # a speed round's measurement: path, plan, per-pair log ratios, looks, outcome
@@ -456,12 +456,12 @@ class Workbook:
         allows (`_measure_speed`: paired blocks in one process, or run pairs in separate processes) until the
         interval decides or the plan's budget ends, judged by `rules.judge`. objective="convergence": `seeds`
         runs per arm, run k of both arms with seed best.seed + k − 1, judged on validation loss at equal tokens
-        against the seed band (`convergence.judge_convergence`; `target` = the val loss for time-to-target,
+        against the seed band (`rules.judge_convergence`; `target` = the val loss for time-to-target,
         default the level every reference seed reached). objective="time_to_target": `seeds` runs per arm as
         for convergence, each ending at its first validation pass with val loss ≤ `target` (default: the best's
         target_val_loss), the candidate also at `time_cap_s` wall seconds; pairs stop at the first candidate
         seed that did not reach the target (it cannot win); judged on wall seconds to the target against the
-        seed band (`convergence.judge_time_to_target`). The reruns are the round's reference_runs. `keep` makes the candidate the
+        seed band (`rules.judge_time_to_target`). The reruns are the round's reference_runs. `keep` makes the candidate the
         best; other decisions leave it. A run that does not finish ends the round as "failed" (records kept,
         remaining runs skipped). A speed round on a convergence variable (lr, warmup, ...) warns: tokens/s
         cannot judge it. `why` (one paragraph) and `reasoning` (e.g. the auto-tuner's diagnosis and cost

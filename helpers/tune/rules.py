@@ -1,4 +1,6 @@
-"""The keep/reject rule of a speed round: a paired interval of the tokens/s ratio, loss at equal tokens, memory.
+"""The keep/reject rules of every round, in one place: speed (a paired interval of the tokens/s ratio, loss at
+equal tokens), convergence (validation loss at equal tokens against the seed band) and time to target (wall
+seconds to a validation loss against the seed band), sharing the failed-run check and the memory gate.
 
 Pure functions over run records and a round's speed measurement (no training here), so a verdict can be
 recomputed from the round folder alone. The interval arithmetic is helpers/tune/paired.py; how a round measures
@@ -6,7 +8,7 @@ recomputed from the round folder alone. The interval arithmetic is helpers/tune/
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -14,7 +16,21 @@ import numpy as np
 from helpers.record import RunRecord
 from helpers.units import mib_text
 from helpers.run.memory import memory_label
+from helpers.tune.convergence import TIME_TO_TARGET, TimeFigures, figures, seed_times_text, time_figures
 from helpers.tune.paired import Outcome, SpeedPlan, ordinal, rule_text as speed_rule_text, t_quantile
+
+
+# What each number of a Verdict is in, by objective (printed by tables; stored with the verdict).
+SPEED_UNITS = {"speedup": "candidate ÷ reference tokens/s", "noise_band": "relative half-width of the interval",
+               "loss_drift": "relative (candidate − reference) mean training loss at equal tokens",
+               "memory_ratio": "candidate ÷ reference memory"}
+CONVERGENCE_UNITS = {"speedup": "candidate ÷ reference tokens/s (reported, not judged)",
+                     "noise_band": "seed band, nats/token",
+                     "loss_drift": "relative (candidate − reference) validation loss at equal tokens",
+                     "memory_ratio": "candidate ÷ reference memory"}
+TIME_TO_TARGET_UNITS = {"speedup": "reference ÷ candidate seconds to target", "noise_band": "seed band, s",
+                        "loss_drift": "not judged", "memory_ratio": "candidate ÷ reference memory"}
+UNITS_BY_OBJECTIVE = {"speed": SPEED_UNITS, "convergence": CONVERGENCE_UNITS, TIME_TO_TARGET: TIME_TO_TARGET_UNITS}
 
 
 @dataclass
@@ -36,14 +52,22 @@ class Verdict:
     pairs: int | None = None
     path: str | None = None
     level: float | None = None
+    objective: str = "speed"
+    units: dict = field(default_factory=lambda: dict(SPEED_UNITS))
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "Verdict":
-        return cls(**{k: data.get(k) for k in ("decision", "reason", "speedup", "noise_band", "loss_drift",
-                                               "memory_ratio", "rule", "interval", "pairs", "path", "level")})
+        """A verdict as the ledger stored it; entries written before `objective`/`units` existed were speed or
+        convergence verdicts, told apart by their rule text."""
+        known = {k: data[k] for k in ("decision", "reason", "speedup", "noise_band", "loss_drift", "memory_ratio",
+                                      "rule", "interval", "pairs", "path", "level") if k in data}
+        objective = data.get("objective") or ("convergence" if "seed band" in (data.get("rule") or "") else "speed")
+        units = data.get("units") or UNITS_BY_OBJECTIVE.get(objective, SPEED_UNITS)
+        return cls(**{"speedup": None, "noise_band": None, "loss_drift": None, "memory_ratio": None, **known,
+                      "objective": objective, "units": dict(units)})
 
 
 def rule_text(plan: SpeedPlan, path: str, loss_gate: float, memory_limit_bytes: int) -> str:
@@ -139,29 +163,155 @@ def judge(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], baseli
     look = speed.look
     iv = look.interval
     drift = loss_drift(reference, candidate)
-    peak = max(r.summary["peak_memory_bytes"] for r in candidate)
-    # A paired round holds both arms in one process: each arm's resident memory after its warm-up is measured
-    # the same way for both (helpers/run/pair.py), so the ratio uses it; the gate uses the candidate's own peak.
-    basis = "resident_memory_bytes" if all(r.summary.get("resident_memory_bytes") for r in [*candidate, *reference]) \
-        else "peak_memory_bytes"
-    memory_ratio = (float(np.median([r.summary[basis] for r in candidate]))
-                    / float(np.median([r.summary[basis] for r in reference])))
-    over_memory, worse_loss = peak > memory_limit_bytes, drift > gate
+    memory = memory_gate(reference, candidate, memory_limit_bytes)
+    over_memory, worse_loss = memory.over, drift > gate
     verdict = "reject" if over_memory or worse_loss else speed.decision
     speed_part = {"keep": f"above +{plan.floor:.0%}", "reject": f"below −{plan.floor:.0%}",
                   "no change": (f"straddles ±{plan.floor:.0%} at the last look (budget spent)" if speed.budget_spent
                                 else f"inside ±{plan.floor:.0%}")}[speed.decision]
     loss_part = (f"loss drift {drift:+.1%} {'beyond' if worse_loss else 'within'} gate {gate:.1%}"
                  + (" (lower loss allowed)" if drift < -gate else ""))
-    memory_part = (f"{memory_label(candidate[0].summary)} {memory_ratio:.2f}×"
-                   f"{' (resident after warm-up)' if basis == 'resident_memory_bytes' else ''} ({mib_text(peak)} "
-                   f"{'>' if over_memory else '≤'} limit {mib_text(memory_limit_bytes)})")
     hits = [w for w, hit in (("over the memory limit", over_memory), ("loss worse at equal tokens", worse_loss))
             if hit]
     reason = (f"tokens/s ×{iv.ratio:.3f} ({iv.ratio - 1:+.1%}), {iv.level:.1%} interval ×{iv.ratio_low:.3f}–"
               f"×{iv.ratio_high:.3f} (±{iv.half_width:.1%}) after {look.pairs} pairs ({path}; "
               f"{plan.trim:.0%}-trimmed mean of per-pair log ratios of {ordinal(plan.rank)}-fastest steps) "
-              f"{speed_part}; {loss_part}; {memory_part} → {verdict}" + (f" ({', '.join(hits)})" if hits else ""))
-    return Verdict(verdict, reason, iv.ratio, iv.half_width, drift, memory_ratio, rule,
-                   [iv.ratio_low, iv.ratio_high], look.pairs, path, iv.level)
+              f"{speed_part}; {loss_part}; {memory.text} → {verdict}" + (f" ({', '.join(hits)})" if hits else ""))
+    return Verdict(verdict, reason, iv.ratio, iv.half_width, drift, memory.ratio, rule,
+                   [iv.ratio_low, iv.ratio_high], look.pairs, path, iv.level, objective="speed", units=SPEED_UNITS)
 
+
+# ------------------------------------------------------------------------ seed-based rules
+
+@dataclass
+class MemoryGate:
+    """The memory part of every rule: the candidate's own peak against the limit, and the arms' ratio (bytes)."""
+    peak: float
+    ratio: float
+    over: bool
+    text: str
+
+
+def memory_gate(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], limit_bytes: int) -> MemoryGate:
+    """Candidate peak memory (bytes; RSS on CPU, device memory elsewhere) against `limit_bytes`, and the median
+    candidate ÷ reference ratio. A paired round holds both arms in one process: there each arm's resident memory
+    after its own warm-up is measured the same way for both (helpers/run/pair.py), so the ratio uses that, while
+    the gate keeps the candidate's own peak, taken before the reference arm existed."""
+    peak = max(r.summary["peak_memory_bytes"] for r in candidate)
+    both = [*candidate, *reference]
+    basis = "resident_memory_bytes" if all(r.summary.get("resident_memory_bytes") for r in both) \
+        else "peak_memory_bytes"
+    ratio = (float(np.median([r.summary[basis] for r in candidate]))
+             / float(np.median([r.summary[basis] for r in reference])))
+    over = peak > limit_bytes
+    text = (f"{memory_label(candidate[0].summary)} {ratio:.2f}×"
+            f"{' (resident after warm-up)' if basis == 'resident_memory_bytes' else ''} ({mib_text(peak)} "
+            f"{'>' if over else '≤'} limit {mib_text(limit_bytes)})")
+    return MemoryGate(peak, ratio, over, text)
+
+
+def median_speedup(reference: Sequence[RunRecord], candidate: Sequence[RunRecord]) -> float | None:
+    """Median candidate ÷ median reference tokens/s; None when a run has none (one stopped by a time cap
+    before its steady window)."""
+    rates = [[r.summary.get("tokens_per_s") for r in group] for group in (candidate, reference)]
+    return float(np.median(rates[0]) / np.median(rates[1])) if all(v for g in rates for v in g) else None
+
+
+def _side_text(speedup: float | None, memory: MemoryGate) -> str:
+    """The reported (not judged) tokens/s and the memory gate, for the seed-based rules."""
+    return f"tokens/s {'n/a' if speedup is None else f'{speedup - 1:+.1%}'}; {memory.text}"
+
+
+def convergence_rule_text(memory_limit_bytes: int) -> str:
+    """The convergence rule with its thresholds, as printed in every convergence verdict."""
+    return ("keep only if the candidate's mean validation loss at equal tokens (the largest token count every "
+            "run evaluated at; eval points interpolated on cumulative tokens) is below the reference's by more "
+            "than the seed band (95% Student-t half-width of the pooled seed-to-seed spread of both arms), and "
+            f"peak memory ≤ {mib_text(memory_limit_bytes)}; above by more than the band → reject; otherwise → no "
+            "change; a run that did not finish → failed. Time to target (wall seconds since the run's process "
+            "started, evaluation included, until validation loss ≤ the level every reference seed reached) is "
+            "reported, not judged")
+
+
+def ttq_rule_text(memory_limit_bytes: int) -> str:
+    """The time-to-target rule with its thresholds, as printed in every time-to-target verdict."""
+    return ("each arm trains until its validation loss ≤ the target (or its steps or time cap end); its time to "
+            "target counts wall seconds since the run's process started — start-up, imports, data, compile, every "
+            "step and validation pass: everything the user pays — interpolated between the validation passes that "
+            "bracket the crossing; a run that never gets there did not reach and has no time. keep only if every "
+            "candidate seed reached the target and their mean time is below the reference's by more than the seed "
+            "band (95% Student-t half-width of the pooled seed-to-seed spread of both arms' times), or every "
+            "candidate seed reached it and a reference seed did not; reject if a candidate seed did not reach it "
+            "while every reference seed did, or its mean time is above by more than the band, or peak memory > "
+            f"{mib_text(memory_limit_bytes)}; otherwise no change; a run that did not finish → failed")
+
+
+def _times_text(times: list[float | None]) -> str:
+    reached = [t for t in times if t is not None]
+    if not reached:
+        return "not reached"
+    note = "" if len(reached) == len(times) else f" ({len(reached)}/{len(times)} seeds reached it)"
+    return f"{np.mean(reached):.1f} s{note}"
+
+
+def judge_convergence(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], memory_limit_bytes: int,
+                      target: float | None = None) -> Verdict:
+    """Apply the convergence rule (`convergence_rule_text`) to the two arms' seed runs (all status ok).
+
+    Verdict fields: noise_band = the seed band in nats/token; loss_drift = relative difference of mean
+    validation loss at equal tokens (positive = candidate worse); speedup = median tokens/s ratio (reported,
+    not judged); memory_ratio = median peak RSS ratio.
+    """
+    f = figures(reference, candidate, target)
+    ref_mean, cand_mean = float(np.mean(f.reference_losses)), float(np.mean(f.candidate_losses))
+    decision, where = _against_band(f.delta, f.band)
+    speedup, memory = median_speedup(reference, candidate), memory_gate(reference, candidate, memory_limit_bytes)
+    if memory.over:
+        decision = "reject"
+    reason = (f"val loss at {f.tokens:,.0f} tokens {ref_mean:.4f} → {cand_mean:.4f} ({f.delta:+.4f}) {where} seed "
+              f"band ±{f.band:.4f} ({len(f.reference_losses)}+{len(f.candidate_losses)} seeds); time to val loss "
+              f"{f.target:.4f}: {_times_text(f.reference_times)} → {_times_text(f.candidate_times)}; {_side_text(speedup, memory)} → "
+              f"{decision}" + (" (over the memory limit)" if memory.over else ""))
+    return Verdict(decision, reason, speedup, f.band, f.delta / ref_mean, memory.ratio,
+                   convergence_rule_text(memory_limit_bytes), objective="convergence", units=CONVERGENCE_UNITS)
+
+
+def _against_band(delta: float, band: float) -> tuple[str, str]:
+    """(decision, where) of a candidate − reference difference against its seed band (lower is better)."""
+    if delta < -band:
+        return "keep", "below"
+    if delta > band:
+        return "reject", "above"
+    return "no change", "within"
+
+
+def judge_time_to_target(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], memory_limit_bytes: int,
+                         target: float) -> Verdict:
+    """Apply the time-to-target rule (`ttq_rule_text`) to the two arms' seed runs (all status ok).
+
+    Verdict fields: speedup = reference ÷ candidate mean seconds to target (> 1: the candidate gets there
+    sooner; None unless both arms reached it on every seed); noise_band = the seed band in seconds;
+    loss_drift = None (not judged); memory_ratio = median peak memory ratio.
+    """
+    f = time_figures(reference, candidate, target)
+    ref_ok, cand_ok = TimeFigures.reached(f.reference_times), TimeFigures.reached(f.candidate_times)
+    speedup = None
+    if f.band is not None:
+        speedup = float(np.mean(f.reference_times) / np.mean(f.candidate_times))
+        decision, where = _against_band(f.delta, f.band)
+        judged = f"{f.delta:+.1f} s, {where} the seed band ±{f.band:.1f} s"
+    elif cand_ok:
+        decision, judged = "keep", "every candidate seed reached it, the reference did not"
+    elif ref_ok:
+        decision, judged = "reject", "the candidate did not reach it, the reference did"
+    else:
+        decision, judged = "no change", "neither arm reached it on every seed"
+    memory = memory_gate(reference, candidate, memory_limit_bytes)
+    if memory.over:
+        decision = "reject"
+    reason = (f"time to val loss {f.target:.4f} (wall s since process start, evaluation included): reference "
+              f"{seed_times_text(f.reference_times)} → candidate {seed_times_text(f.candidate_times)}; {judged}; "
+              f"{_side_text(median_speedup(reference, candidate), memory)} → {decision}"
+              + (" (over the memory limit)" if memory.over else ""))
+    return Verdict(decision, reason, speedup, f.band, None, memory.ratio, ttq_rule_text(memory_limit_bytes),
+                   objective=TIME_TO_TARGET, units=TIME_TO_TARGET_UNITS)

@@ -10,12 +10,12 @@ import nbformat
 import pytest
 
 from helpers.config import from_dict
-from helpers.tune.convergence import compare_tokens, judge_convergence, seed_band, time_to_target, val_loss_at
+from helpers.tune.convergence import compare_tokens, seed_band, time_to_target, val_loss_at
 from helpers.record import RunRecord, load_run
 from helpers.book.report import convergence_table, rounds_table
 from helpers.tune.rounds import RoundError, Workbook
 from helpers.tune.suggest import suggest_for
-from helpers.tune.rules import t975
+from helpers.tune.rules import judge_convergence, t975
 from helpers.book.widgets import suggestion_panel
 from helpers.book.notebooks import NOTEBOOKS_DIR, execute, kernel_env
 

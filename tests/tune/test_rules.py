@@ -56,3 +56,14 @@ def test_an_unfinished_run_fails_the_round_naming_the_arm_that_ended_first():
     assert unfinished([nan], [stopped]).startswith("reference run 1 (candidate) ended 'nan'")
     v = judge([stopped], [nan], BASE, FASTER, PLAN, "paired", 0.02, 2**30)
     assert v.decision == "failed" and v.reason.endswith("→ failed") and v.interval is None
+
+
+def test_a_verdict_carries_its_objective_and_units_and_old_ledger_entries_read_back():
+    from helpers.tune.rules import CONVERGENCE_UNITS, SPEED_UNITS, Verdict
+    old_speed = {"decision": "no change", "reason": "r", "speedup": 1.01, "noise_band": 0.05, "loss_drift": 0.0,
+                 "memory_ratio": 1.0, "rule": "keep only if the median tokens/s gain exceeds the measured noise band"}
+    v = Verdict.from_dict(old_speed)
+    assert v.objective == "speed" and v.units == SPEED_UNITS and v.interval is None
+    old_conv = {**old_speed, "rule": "keep only if ... by more than the seed band (95% Student-t ...)"}
+    assert Verdict.from_dict(old_conv).units == CONVERGENCE_UNITS
+    assert Verdict.from_dict(Verdict.from_dict(old_conv).to_dict()) == Verdict.from_dict(old_conv)

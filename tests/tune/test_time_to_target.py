@@ -11,7 +11,8 @@ from helpers.config import ConfigError, from_dict, load_config, with_changes
 from helpers.record import RunRecord, load_run
 from helpers.paths import REPO_ROOT
 from helpers.tune.autotune import AutotuneError
-from helpers.tune.convergence import judge_time_to_target, seed_band, time_figures, time_to_target
+from helpers.tune.convergence import seed_band, time_figures, time_to_target
+from helpers.tune.rules import judge_time_to_target
 from helpers.tune.rounds import RoundError, Workbook
 from helpers.tune.ttq_search import autotune_time_to_target, loss_at_time, recipe_arms
 from helpers.spawn.runner import launch
