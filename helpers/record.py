@@ -14,6 +14,7 @@ import math
 import os
 import statistics
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,6 +253,10 @@ class RecordWriter:
 
     def write_summary(self, summary: dict) -> None:
         write_summary(self.path, summary)
+
+    def __call__(self, row: dict, total: int) -> None:
+        """The record as a step sink (`run.rows.StepSink`): keep the row, flushing every `flush_every_s`."""
+        self.add(row, time.perf_counter())
 
     def add(self, row: dict, now: float) -> None:
         self.rows.append(row)

@@ -16,6 +16,7 @@ from helpers.config import Config, ConfigError
 from helpers.run.env import environment, peak_flops_info, peak_summary
 from helpers.run.hooks import RunHooks
 from helpers.run.precision import apply_precision
+from helpers.run.rows import fan_out
 from helpers.run.metrics import Ema, rss_bytes, summarize
 from helpers.run.memory import DeviceMemory, memory_source
 from helpers.run.monitors import effective_max_grad_norm
@@ -120,8 +121,8 @@ class Trainer:
                  progress: Callable[[dict, int], None] | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.progress = progress
         self.writer = RecordWriter(self.run_dir)
+        self.sinks = fan_out(self.writer, progress)  # every finished row goes to the record, then to progress
         self.extra_summary: dict = {}
         self.prep = None
         self.outcome: Outcome | None = None  # set when the record's steps end (ok, nan, stopped)
@@ -422,10 +423,8 @@ class Trainer:
                 self._validate(row)
             row["elapsed_s"] = time.perf_counter() - self._clock0
             good_enough = "" if bad else self._early_end(row)
-            stop = self.hooks.after_row(row)
-            self.writer.add(row, time.perf_counter())
-            if self.progress:
-                self.progress(row, cfg.steps)
+            stop = self.hooks.after_row(row)  # monitors first: they write the row's alarms
+            self.sinks(row, cfg.steps)
             if bad:
                 self.outcome = Outcome("nan", _nan_reason(step, self._last_good, row["lr"], scale, bad, cfg), start)
                 return times
