@@ -134,9 +134,9 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
-    batch_size: int = _knob(12, "sequences per forward/backward pass, over all data-parallel ranks (each rank's "
-                                "micro-batch is batch_size / parallel.data_parallel; the global batch per "
-                                "optimizer step is batch_size × grad_accum_steps)", ge=1)
+    # Each rank's micro-batch is batch_size / parallel.data_parallel; see global_batch, micro_batch_per_device.
+    batch_size: int = _knob(12, "sequences per forward/backward pass over all ranks; global batch = batch_size × "
+                                "grad_accum_steps", ge=1)
     grad_accum_steps: int = _knob(1, "micro-batches accumulated per optimizer step", ge=1)
     steps: int = _knob(300, "optimizer steps", ge=1)
     lr: float = _knob(1e-3, "peak learning rate", gt=0.0, le=1e4)
