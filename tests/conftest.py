@@ -84,3 +84,29 @@ def pytest_runtest_makereport(item, call):
         reason = reason.removeprefix("Skipped: ")
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, where it must run ({CI_REQUIRED}): {reason}"
+
+
+@pytest.fixture(scope="session")
+def notebooks_run(tmp_path_factory):
+    """Every notebook executed once as a user opens them: a copy of notebooks/ as the working directory, every
+    default as written (relative folders included), only the model preset and step count made small. Returns
+    (root, failures): root/notebooks/out_<name>.ipynb are the executed copies, root/workbooks and root/runs what
+    the defaults wrote; failures maps a notebook to its last error line. Shared by the tests that read its output."""
+    import shutil
+
+    import papermill as pm
+
+    from helpers.book.notebooks import NOTEBOOKS_DIR, discover, notebook_parameters
+    root = tmp_path_factory.mktemp("user")
+    books = root / "notebooks"
+    shutil.copytree(NOTEBOOKS_DIR, books, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    failures = {}
+    for path in discover(books):
+        declared = notebook_parameters(path)
+        params = {k: v for k, v in {"preset": "tiny", "steps": 12}.items() if k in declared}
+        try:
+            pm.execute_notebook(str(path), str(books / f"out_{path.name}"), parameters=params, cwd=str(books),
+                                progress_bar=False, kernel_name="python3")
+        except Exception as exc:  # every notebook is tried; all failures are reported together
+            failures[path.stem] = str(exc).strip().splitlines()[-1][:300]
+    return root, failures

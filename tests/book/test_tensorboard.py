@@ -68,10 +68,9 @@ def test_a_workbook_exports_each_rounds_runs_as_separate_runs(tmp_path, small_co
     root = tmp_path / "tb" / "wb"
     runs = sorted(str(p.parent.relative_to(root)) for p in root.rglob("events.out.tfevents.*"))
     round_dir = result.candidate_runs[0].parent.name
-    assert runs == sorted(["baseline/run_1", "baseline/run_2"] + [f"rounds/{round_dir}/{kind}_{k}"
-                                                                   for kind in ("candidate", "reference")
-                                                                   for k in (1, 2)])
-    acc = _accumulator(root / "rounds" / round_dir / "candidate_1")
+    arms = [*result.candidate_runs, *result.reference_runs]  # the round's own run folders, however it measured
+    assert runs == sorted(["baseline/run_1", "baseline/run_2"] + [f"rounds/{round_dir}/{p.name}" for p in arms])
+    acc = _accumulator(root / "rounds" / round_dir / result.candidate_runs[0].name)
     assert [e.step for e in acc.Scalars("speed/tokens_per_s")] == list(range(1, 7))
     assert _texts(acc) == {"run/summary", "round/verdict"}
     assert _texts(_accumulator(root / "baseline" / "run_1")) == {"run/summary"}
