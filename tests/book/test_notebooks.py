@@ -20,14 +20,6 @@ WORKBOOK_NOTEBOOKS = ["01_baseline", "02_data_pipeline", "03_mixed_precision", "
                       "06_grad_accumulation", "07_recompute", "08_compare", "09_evaluation"]
 
 
-def tiny_params(corpus: Path) -> dict:
-    """Seconds-long runs: tiny preset, 10 steps, repeats 2 (the minimum a round accepts), no extra sweeps."""
-    return {"preset": "tiny", "steps": 10, "repeats": 2, "corpus": str(corpus), "aa_check": False,
-            "slow_storage_ms": 10.0, "demo_steps": 20, "batch_candidate": 16, "batch_sweep": [], "accum_sweep": [],
-            "amp_sweep": [],
-            "mode_variants": {"pynative+jit": {"mode": "pynative", "jit_level": "O0"}}}
-
-
 def test_notebooks_are_clean_and_parameterised():
     shared = {"workbook_dir", "preset", "steps", "repeats", "corpus"}
     types: dict[str, set] = {}
@@ -149,7 +141,8 @@ def test_workbook_run_writes_a_report(tmp_path, small_corpus):
     for path in mine:
         shutil.copy(path, books / path.name)
     params = tmp_path / "tiny.yaml"
-    params.write_text(yaml.safe_dump(tiny_params(small_corpus)))
+    params.write_text(yaml.safe_dump({"preset": "tiny", "steps": 10, "repeats": 2, "corpus": str(small_corpus),
+                                      "aa_check": False}))
     out = tmp_path / "reports" / "stamp"
     results = run_workbook(params, out, books, log=lambda _: None)
 
