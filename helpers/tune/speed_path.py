@@ -45,12 +45,14 @@ def table() -> dict[str, str]:
 def speed_path(changes: dict, best: Config) -> tuple[str, str]:
     """(path, why) for a round changing `changes` (keys) on top of `best`.
 
-    Separate processes when any changed key is process-wide (see PROCESS_GLOBAL), or when the best is data
-    parallel (msrun processes). A paired process compiles without the compile cache (helpers/run/pair.py).
+    Separate processes when any changed key is process-wide (see PROCESS_GLOBAL), when the best is data
+    parallel (msrun processes), or when its runs are profiled (one profiler per process, one op table per run). A paired process compiles without the compile cache (helpers/run/pair.py).
     """
     hits = [f"{k}: {_why(k)}" for k in changes if _why(k)]
     if best.parallel.data_parallel > 1:
         hits.append("the best config is data parallel (msrun processes)")
+    if best.monitor.profile_steps:
+        hits.append("every run of the best is profiled, and the profiler is process-wide")
     if hits:
         return PROCESSES, "; ".join(hits)
     return PAIRED, f"{', '.join(changes)} can differ between two models of one process"
