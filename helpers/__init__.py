@@ -43,6 +43,7 @@ _HOMES = {
                            "step_time_plot", "sweep_plot", "val_loss_time_plot", "val_loss_tokens_plot",
                            "waterfall"),
     "helpers.book.widgets": ("round_panel", "suggestion_panel"),
+    "helpers.book.live": ("live_curves",),
     "helpers.book.planner": ("msrun_commands",),
     "helpers.book.tensorboard": ("export_tensorboard",),
     "helpers.book.dp_study": ("comm_table", "dp_configs", "fusion_records", "fusion_study", "hand_arithmetic_7b",

@@ -1,5 +1,5 @@
-"""An ipywidgets panel for interactive rounds: pick a variable, type candidate values, run with a live
-progress bar, then keep / reject / roll back. It only fills parameters and calls the same Workbook
+"""An ipywidgets panel for interactive rounds: pick a variable, type candidate values, run with live
+progress bars and live loss and tokens/s curves, then keep / reject / roll back. It only fills parameters and calls the same Workbook
 methods the headless notebooks call; every button's work is a plain method a test can call."""
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from IPython.display import display
 
 from helpers.config import ConfigError, all_keys, flatten, with_changes
 from helpers.tune.ledger import RoundError
+from helpers.book.live import LiveCurves
 from helpers.book.report import interval_text, round_table, verdict_text
+from helpers.spawn.live import listen
 from helpers.tune.study import slug
 
 
@@ -39,6 +41,8 @@ class RoundPanel:
         self.rollback_button = w.Button(description="Roll back", button_style="danger", icon="undo")
         self.status = w.HTML(value="Pick a variable and candidate values, then run a round.")
         self.output = w.Output()  # the runner's tqdm.auto bars render here, live
+        self.curves = w.Image(format="png", layout=w.Layout(max_width="960px"))  # live curves of the running round
+        self.frames = 0  # curve frames drawn so far (a test reads it)
         self.run_button.on_click(lambda _: self.run())
         self.keep_button.on_click(lambda _: self.decide("keep"))
         self.reject_button.on_click(lambda _: self.decide("reject"))
@@ -46,7 +50,7 @@ class RoundPanel:
         self.widget = w.VBox([
             w.HBox([self.variable, self.values, self.run_button]),
             w.HBox([self.keep_button, self.reject_button, self.rollback_button, self.why]),
-            self.status, self.output])
+            self.status, self.curves, self.output])
 
     def _ipython_display_(self):
         display(self.widget)
@@ -67,17 +71,26 @@ class RoundPanel:
             return []
         results = []
         for v in values:
-            with self.output:  # in a kernel, Output swallows exceptions that reach it: catch them inside
+            curves = LiveCurves(self._frame, f"round {slug(key, v)}: loss")
+            # in a kernel, Output swallows exceptions that reach it: catch them inside
+            with self.output, listen(curves.add):
                 try:
                     result = self.workbook.run_round(slug(key, v), {key: v}, progress=True)
                 except (ConfigError, RoundError) as exc:  # e.g. no baseline pinned, value equals the best
                     self._say(f"<b>error:</b> {exc}")
                     break
+                finally:
+                    if curves.series:
+                        curves.draw()  # the final frame stays in the panel
                 display(round_table(result))
             results.append(result)
             self.last = result
             self._say(verdict_html(result))
         return results
+
+    def _frame(self, png: bytes) -> None:
+        self.curves.value = png
+        self.frames += 1
 
     def decide(self, decision: str) -> None:
         """Record keep/reject for the last round (a human override of the rule when it differs)."""

@@ -16,6 +16,7 @@ it only enters the printed memory ratio. See docs/reliability.md ("Memory in a p
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Callable
@@ -79,6 +80,17 @@ class _Arms:
             times += trainer.step_block(k - len(times))
         return times
 
+    def row(self, name: str, times_ms: list[float], step: int) -> dict:
+        """What the parent's live view draws for one arm after a block: its step count, its record's latest
+        loss (None before the first row) and tokens/s at the block's median step time."""
+        rows = self.trainers[name].writer.rows
+        return {"step": step, "loss": rows[-1]["loss"] if rows else None,
+                "tokens_per_s": self.tokens_per_step(name) * 1000.0 / statistics.median(times_ms)}
+
+    def tokens_per_step(self, name: str) -> int:
+        cfg = self.trainers[name].cfg
+        return cfg.batch_size * cfg.grad_accum_steps * cfg.model.seq_len
+
     def broken(self) -> list[str]:
         """Arms whose record ended other than 'ok' (NaN, a monitor's stop)."""
         return [n for n, t in self.trainers.items() if t.outcome is not None and t.outcome.status != "ok"]
@@ -121,8 +133,7 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     warmup = max(reference.steady_after, candidate.steady_after)
     arms = _Arms(reference, candidate, folder, warmup + block_steps * max_pairs)
     out = {"block_steps": block_steps, "max_pairs": max_pairs, "warmup_steps": warmup,
-           "tokens_per_step": {name: t.cfg.batch_size * t.cfg.grad_accum_steps * t.cfg.model.seq_len
-                               for name, t in arms.trainers.items()},
+           "tokens_per_step": {name: arms.tokens_per_step(name) for name in arms.trainers},
            "pairs": [], "first_in_pair": [], "status": "running", "reason": "", "warmup_ms": {}}
     memory = out["memory"] = {"rss_before_models_bytes": rss_base}
     try:
@@ -146,7 +157,8 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
                 break
             out["pairs"].append((got["reference"], got["candidate"]))
             out["first_in_pair"].append(order[0])
-            _emit("pair", pair=i + 1, max_pairs=max_pairs)
+            _emit("pair", pair=i + 1, max_pairs=max_pairs,
+                  arms={name: arms.row(name, got[name], warmup + (i + 1) * block_steps) for name in order})
             if stop(out["pairs"]):
                 break
         out["status"] = "ok" if out["status"] == "running" else out["status"]

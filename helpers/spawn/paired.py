@@ -11,6 +11,7 @@ from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import absolute
 from helpers.record import RecordError, load_run
+from helpers.spawn.live import publish
 from helpers.spawn.runner import stream_child
 
 PAIRED_FILE = "paired.json"  # written by helpers/run/pair.py (the same name there)
@@ -33,12 +34,12 @@ def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progre
     request = folder / ".pair_request.json"
     request.write_text(json.dumps({**paths, "folder": str(folder), "plan": plan}), encoding="utf-8")
     cmd = [sys.executable, "-m", "helpers", "pair", "--request", str(request)]
-    bar = None
+    bar, label = None, desc or folder.name
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=plan["looks"][-1], desc=desc or folder.name, unit="pair", leave=True)
+        bar = tqdm(total=plan["looks"][-1], desc=label, unit="pair", leave=True)
     try:
-        code = stream_child(cmd, folder / "pair.log", lambda line: _show(bar, line), timeout_s)
+        code = stream_child(cmd, folder / "pair.log", lambda line: _show(bar, label, line), timeout_s)
     finally:
         for p in [*paths.values(), request]:
             Path(p).unlink(missing_ok=True)
@@ -59,12 +60,18 @@ def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progre
     return records["reference"], records["candidate"], raw, error
 
 
-def _show(bar, line: str) -> None:
-    if bar is None or not line.startswith("{"):
+def _show(bar, label: str, line: str) -> None:
+    """Each pair's arm rows to the live listeners (labelled "`label` reference|candidate"); the bar counts pairs."""
+    if not line.startswith("{"):
         return
     try:
         msg = json.loads(line)
     except ValueError:
+        return
+    if msg.get("paired") == "pair":
+        for arm, row in msg.get("arms", {}).items():
+            publish(f"{label} {arm}", row)
+    if bar is None:
         return
     if msg.get("paired") == "pair":
         bar.n = msg["pair"]

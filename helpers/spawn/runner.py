@@ -15,6 +15,7 @@ from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import REPO_ROOT, absolute
 from helpers.run.rows import decode_row
+from helpers.spawn.live import publish
 from helpers.record import RecordError, load_run
 
 
@@ -32,7 +33,8 @@ def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc:
            timeout_s: float | None = None):
     """Train `cfg` in a child process writing `run_dir`; returns its RunRecord (failed runs included).
 
-    progress: show a tqdm bar (a widget in Jupyter) fed by the child's per-step JSON lines.
+    progress: show a tqdm bar (a widget in Jupyter) fed by the child's per-step JSON lines. Every row also goes
+    to the live listeners (`spawn/live.py`), labelled `desc`.
     """
     run_dir = absolute(run_dir)  # the child runs in the repository: hand it paths that mean what the caller meant
     cfg = config_mod.absolute_paths(cfg)
@@ -42,12 +44,12 @@ def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc:
         request = fh.name
     cmd = [sys.executable, "-m", "helpers", "train", "--config", request, "--out", str(run_dir),
            "--progress", "json"]
-    bar = None
+    bar, label = None, desc or run_dir.name
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=cfg.steps, desc=desc or run_dir.name, unit="step", leave=True)
+        bar = tqdm(total=cfg.steps, desc=label, unit="step", leave=True)
     try:
-        code = stream_child(cmd, run_dir / "train.log", lambda line: _show(bar, line), timeout_s)
+        code = stream_child(cmd, run_dir / "train.log", lambda line: _show(bar, label, line), timeout_s)
     finally:
         Path(request).unlink(missing_ok=True)
         if bar is not None:
@@ -69,9 +71,12 @@ def stream_child(cmd: list[str], log_path: Path, on_line, timeout_s: float | Non
         return proc.wait(timeout=timeout_s)
 
 
-def _show(bar, line: str) -> None:
+def _show(bar, label: str, line: str) -> None:
     msg = decode_row(line)
-    if bar is None or msg is None:
+    if msg is None:
+        return
+    publish(label, msg)
+    if bar is None:
         return
     bar.n = msg["step"]
     bar.set_postfix(loss=f"{msg['loss']:.3f}", tok_s=f"{msg['tokens_per_s']:.0f}", refresh=False)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 from helpers.config import Config, ConfigError, from_dict, with_changes
-from helpers.record import RunRecord
+from helpers.record import CONFIG_FILE, RunRecord
 from helpers.spawn.runner import launch
 
 
@@ -78,9 +77,11 @@ def compile_cache_runs(cfg: Config, out_dir: str | os.PathLike,
 def compile_cache_reused(out_dir: str | os.PathLike, warm: RunRecord) -> bool:
     """Whether the warm run of `compile_cache_runs(cfg, out_dir)` loaded the cold run's compiled graphs instead of
     compiling: the cache holds graphs (*.mindir) and none was written after the warm run started (on a miss MindSpore
-    writes them again). Unlike the two runs' compile_s, this does not flip when other load slows one of them."""
+    writes them again). Unlike the two runs' compile_s, this does not flip when other load slows one of them.
+    The warm run's start is its config file's time (written before its first compile): `started_at` has whole
+    seconds, and a cold run's last graph can land in the second the warm run starts."""
     graphs = list((Path(out_dir) / "compile_cache").rglob("*.mindir"))
-    started = time.mktime(time.strptime(warm.summary["started_at"], "%Y-%m-%dT%H:%M:%S"))  # whole seconds, local
+    started = (Path(warm.path) / CONFIG_FILE).stat().st_mtime
     return bool(graphs) and all(p.stat().st_mtime < started for p in graphs)
 
 

@@ -1,5 +1,6 @@
 """A real browser: JupyterLab on localhost, headless Chromium runs the baseline notebook (tiny parameters) and
-a round-panel notebook; the widgets render, a button reaches the Workbook; screenshots go to test-artifacts/."""
+a round-panel notebook; the widgets render, a button reaches the Workbook, a round run from the panel redraws its
+live curves; screenshots go to test-artifacts/."""
 from __future__ import annotations
 
 import json
@@ -160,7 +161,29 @@ def test_baseline_notebook_runs_in_jupyterlab_and_its_widgets_render(lab):
                             ":has-text('Traceback')").count() == 0
         page.locator(".jp-OutputArea .widget-button").first.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "baseline_notebook.png"))
+        frames = _live_frames_of_a_round(page)
     assert (root / "workbook" / "ledger.jsonl").is_file()  # the notebook pinned a real baseline
+    assert len(frames) >= 2, "the panel's live curves never changed while the round trained"
+
+
+def _live_frames_of_a_round(page) -> set[str]:
+    """Click the panel's Run round (batch 24 against the pinned baseline: a real paired round) and collect the
+    distinct pictures its live-curves image shows until the verdict appears (as element screenshots)."""
+    import hashlib
+    page.click(".jp-OutputArea .widget-button:has-text('Run round')")
+    image, status = page.locator(".jp-OutputArea img.widget-image"), page.locator(".jp-OutputArea .widget-html")
+    frames: set[str] = set()
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        done = any(word in status.last.inner_text() for word in ("KEEP", "REJECT", "NO CHANGE", "error"))
+        if image.count() and image.first.get_attribute("src"):
+            frames.add(hashlib.sha256(image.first.screenshot()).hexdigest())
+        if done:
+            break
+        time.sleep(0.2)
+    page.screenshot(path=str(ARTIFACTS / "round_panel_live_curves.png"), full_page=True)
+    assert "error" not in status.last.inner_text(), status.last.inner_text()
+    return frames
 
 
 @pytest.mark.skipif(not (WIDGETS_JS_DIR / "require.js").is_file(), reason="widget JS not vendored (needs npm)")
