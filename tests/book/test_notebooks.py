@@ -196,3 +196,14 @@ def test_every_notebook_runs_from_its_folder_with_its_own_defaults(notebooks_run
     demo = Workbook.open(book / "studies" / "data_pipeline")
     waits = [r.summary["data_wait_share"] for r in load_runs(demo.rounds()[0].reference_runs)]
     assert min(waits) > 0.05, f"the slow-storage demo baseline is not data-bound: data_wait_share {waits}"
+    import base64
+    from helpers.book.live import LiveCurves, png
+    titles = {"03_mixed_precision": "amp", "05_batch_size": "batch size", "06_grad_accumulation":
+              "gradient accumulation", "07_recompute": "recompute"}
+    for name, title in titles.items():
+        # the round's live curves leave their last frame in the executed copy (and so in the HTML report)
+        cell = next(c for c in nbformat.read(str(root / "notebooks" / f"out_{name}.ipynb"), as_version=4).cells
+                    if "live_curves(" in c.source)
+        frames = [base64.b64decode(o["data"]["image/png"]) for o in cell.outputs if "image/png" in o.get("data", {})]
+        empty = png(LiveCurves(lambda _: None, f"round: {title}").figure())
+        assert len(frames) == 1 and frames[0] != empty, f"{name}: no curves in the round's live plot"
