@@ -61,10 +61,8 @@ workbook: $(STAMP) $(JS_STAMP) kernels
 bench: $(STAMP) kernels
 	$(BIN)/python bench/bench.py all
 
-# Two workers (tests/conftest.py keeps the run of every notebook on one of them): most of a test's wall time is
-# a child's single-threaded start-up, so two lanes fit this 2-core machine.
 test: $(STAMP) npm $(JS_STAMP) chromium kernels
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) reports runs native/build
