@@ -86,16 +86,6 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped in CI, where it must run ({CI_REQUIRED}): {reason}"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the group marks
-def pytest_collection_modifyitems(config, items):
-    """The tests that read the shared run of every notebook (`notebooks_run`, the suite's longest piece) form one
-    xdist group, so the run happens once, on one worker, and they go first while the other worker takes the rest."""
-    shared = [item for item in items if "notebooks_run" in getattr(item, "fixturenames", ())]
-    for item in shared:
-        item.add_marker(pytest.mark.xdist_group("notebooks_run"))
-    items[:] = shared + [item for item in items if item not in shared]
-
-
 @pytest.fixture(scope="session")
 def notebooks_run(tmp_path_factory):
     """Every notebook executed once as a user opens them: a copy of notebooks/ as the working directory, every
