@@ -1,6 +1,7 @@
 """An ipywidgets panel for interactive rounds: pick a variable, type candidate values, run with live
-progress bars and live loss and tokens/s curves, then keep / reject / roll back. It only fills parameters and calls the same Workbook
-methods the headless notebooks call; every button's work is a plain method a test can call."""
+progress bars and live loss and tokens/s curves, then keep / reject / roll back. It only fills parameters
+and calls the same Workbook methods the headless notebooks call; every button's work is a plain method a
+test can call."""
 from __future__ import annotations
 
 import html
