@@ -2,7 +2,8 @@
 loss-equivalence check.
 
 Every figure comes from the run records (real runs) or from `planner` (arithmetic, labelled as an estimate); every
-fusion verdict comes from `Workbook.run_round` (interleaved runs, the workbook's keep/reject rule).
+fusion verdict comes from `Workbook.run_round` (a paired round: both fusion settings in each rank of one msrun
+launch, ABBA blocks, the workbook's keep/reject rule).
 """
 from __future__ import annotations
 
@@ -23,21 +24,25 @@ from helpers.units import MIB
 
 def dp_configs(preset: str, steps: int, corpus: str, batch_size: int, device_target: str = "CPU",
                fusion_mb: int = 32, fusion_indices: list[int] | None = None) -> dict[str, Config]:
-    """The single process and the unfused DP=2 config (the fusion rounds' baseline), same global batch. The DP
-    config carries the fusion knobs' settings (bucket MB, split indices) so that a round changes comm_fusion only."""
+    """The single process, the unfused DP=2 config (the fusion rounds' baseline) and DP=2 fused by size, same
+    global batch. The DP configs carry the fusion knobs' settings (bucket MB, split indices) so that a round
+    changes comm_fusion only; each DP run profiles its all-reduces (parallel.comm_profile_steps)."""
     base = from_dict({"model": {"preset": preset}, "data": {"corpus": [corpus]}, "steps": steps,
                       "batch_size": batch_size, "warmup": max(1, steps // 10), "eval_every": 0,
                       "eval_batches": 4, "steady_after": max(2, min(5, steps // 5)),
                       "device_target": device_target,
                       "parallel": {"fusion_size_mb": fusion_mb, "fusion_indices": fusion_indices or [5, 10]}})
-    return {"single process": base, "dp2 unfused": with_changes(base, {"parallel.data_parallel": 2})}
+    dp = with_changes(base, {"parallel.data_parallel": 2})
+    return {"single process": base, "dp2 unfused": dp,
+            "dp2 size-fused": with_changes(dp, {"parallel.comm_fusion": "size"})}
 
 
 def fusion_study(dp_unfused: Config, workbook_dir: str | os.PathLike, rounds: dict[str, dict], repeats: int = 2,
                  progress: bool = True) -> tuple[Workbook, list]:
     """The gradient-fusion rounds as real rounds: a workbook pinned to the unfused DP config (its baseline,
     `repeats` runs), then `rounds` ({name: changes}, in order, each against the then-best) through
-    `Workbook.run_round`: candidates interleaved with reruns of the best, judged by the workbook's rule."""
+    `Workbook.run_round`: a fusion change is measured paired (both arms in each rank of one msrun launch, ABBA
+    blocks) and judged by the workbook's rule."""
     wb = Workbook.create(workbook_dir, dp_unfused, repeats=repeats)
     wb.baseline(progress=progress)
     return wb, run_rounds(wb, rounds, progress=progress)

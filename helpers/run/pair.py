@@ -63,9 +63,10 @@ def _first_graph() -> None:
 class _Arms:
     """The two Trainers of the process and which records are written."""
 
-    def __init__(self, reference: Config, candidate: Config, folder: Path, extra_steps: int):
-        self.trainers = {"candidate": Trainer(candidate, folder / "candidate"),
-                         "reference": Trainer(reference, folder / "reference")}
+    def __init__(self, reference: Config, candidate: Config, folder: Path, extra_steps: int,
+                 make_trainer: Callable[[Config, Path], Trainer]):
+        self.trainers = {"candidate": make_trainer(candidate, folder / "candidate"),
+                         "reference": make_trainer(reference, folder / "reference")}
         for trainer in self.trainers.values():
             trainer.shares_process, trainer.extra_steps = True, extra_steps
         self.finished: set[str] = set()
@@ -116,22 +117,27 @@ class _Arms:
 
 
 def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: int, max_pairs: int,
-             stop: StopRule) -> dict:
+             stop: StopRule, make_trainer: Callable[[Config, Path], Trainer] = Trainer,
+             setup: Callable[[], None] | None = None, paired_file: str = PAIRED_FILE) -> dict:
     """Train both arms in this process and measure them in ABBA blocks; returns (and writes) the raw record.
 
     block_steps: K steps per block; max_pairs: the budget in block pairs; stop(pairs) → True ends the
     measurement early (pairs = [(reference ms list, candidate ms list), …]). Both records are completed to
     their `steps` whatever the measurement needed. A failure or NaN in one arm ends the other as 'stopped'.
+    A data-parallel rank (helpers/spawn/dp_worker.py) passes its own `make_trainer(cfg, run_dir)`, a `setup`
+    run once after MindSpore is configured (joining the process group) and its own `paired_file` name.
     """
     folder = Path(folder)
     t0 = time.perf_counter()
     # Process-wide settings are equal for both arms on the paired path. The compile cache stays off: MindSpore
     # keys it by source files, not by graph, so two arms' graphs in one process could load each other's.
     configure_mindspore(with_changes(candidate, {"compile_cache": False}))
+    if setup is not None:
+        setup()
     _first_graph()
     rss_base = rss_bytes()  # MindSpore imported and set up, no model built yet
     warmup = max(reference.steady_after, candidate.steady_after)
-    arms = _Arms(reference, candidate, folder, warmup + block_steps * max_pairs)
+    arms = _Arms(reference, candidate, folder, warmup + block_steps * max_pairs, make_trainer)
     out = {"block_steps": block_steps, "max_pairs": max_pairs, "warmup_steps": warmup,
            "tokens_per_step": {name: arms.tokens_per_step(name) for name in arms.trainers},
            "pairs": [], "first_in_pair": [], "status": "running", "reason": "", "warmup_ms": {}}
@@ -168,7 +174,7 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     arms.complete(out)
     _own_memory(arms.trainers, memory)
     out["wall_s"] = time.perf_counter() - t0
-    atomic_write_json(folder / PAIRED_FILE, out)
+    atomic_write_json(folder / paired_file, out)
     return out
 
 

@@ -5,10 +5,15 @@ Started by `helpers.spawn.msrun` as `msrun ... helpers/spawn/dp_worker.py --conf
 record and prints progress JSON lines (into its msrun log); rank K > 0 keeps its own record in
 RUN/ranks/rank_K/ without checkpoints. Every rank writes RUN/ranks/rank_K.json (its step times, losses,
 peak RSS, profiled collective time) for `rankmerge` to merge after msrun returns.
+
+With `--pair REQUEST` (a paired round on a data-parallel best, `helpers.spawn.paired`) every rank runs both arms
+in ABBA blocks (helpers/run/pair.py), each arm a RankTrainer whose step graph is compiled under its own all-reduce
+fusion setting; the ranks write FOLDER/paired_rank_K.json and each arm's FOLDER/<arm>/ranks/rank_K.json.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -22,6 +27,8 @@ from helpers.record import RecordError, atomic_write_json
 from helpers.run.rows import fan_out, progress_sink
 from helpers.run.train import Trainer
 
+ROW_KEYS = ("step", "step_time_ms", "data_wait_ms", "loss", "grad_norm")  # what a rank file keeps per step
+
 
 def rank_file(run_dir: str | Path, rank: int) -> Path:
     """Where rank `rank` writes its per-step figures."""
@@ -30,10 +37,19 @@ def rank_file(run_dir: str | Path, rank: int) -> Path:
 
 def join_process_group(cfg: Config) -> None:
     """init() the collective backend (after the device is set), then DATA_PARALLEL with the configured fusion."""
-    import mindspore as ms
-    from mindspore.communication import get_group_size, init
+    from mindspore.communication import init
     init()
+    set_fusion(cfg)
+
+
+def set_fusion(cfg: Config) -> None:
+    """DATA_PARALLEL with `cfg`'s all-reduce fusion. MindSpore reads it when a step graph is built and compiled
+    (the split indices when its gradient reducer is made, the bucket size in the graph's fusion pass), so two
+    arms of one process each get their own when this runs before each one's build."""
+    import mindspore as ms
+    from mindspore.communication import get_group_size
     p = cfg.parallel
+    ms.reset_auto_parallel_context()  # an earlier arm's fusion must not carry over to this one
     knobs = {"parallel_mode": ms.ParallelMode.DATA_PARALLEL, "gradients_mean": p.gradients_mean,
              "device_num": get_group_size()}
     if p.comm_fusion == "size":
@@ -52,7 +68,10 @@ class RankTrainer(Trainer):
 
     def _configure(self) -> None:
         super()._configure()
-        join_process_group(self.cfg)
+        if self.shares_process:  # a paired process: the group is joined; this arm's fusion before its build
+            set_fusion(self.cfg)
+        else:
+            join_process_group(self.cfg)
 
     def _build(self):
         super()._build()
@@ -64,19 +83,56 @@ class RankTrainer(Trainer):
             super()._save_checkpoint(step)
 
 
+def write_rank_file(run_dir: Path, rank: int, size: int, status: str, start_step: int, wall_s: float,
+                    peak_bytes: int, rows: list[dict], comm: dict | None) -> None:
+    """RUN/ranks/rank_K.json: what `rankmerge` merges (rows: step, step_time_ms, data_wait_ms, loss, grad_norm)."""
+    rank_file(run_dir, rank).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(rank_file(run_dir, rank), {
+        "rank": rank, "size": size, "status": status, "start_step": start_step, "wall_s": wall_s,
+        "peak_rss_bytes": peak_bytes, "rows": [{k: row[k] for k in ROW_KEYS} for row in rows], "comm": comm})
+
+
+def pair_main(request: Path, rank: int, size: int) -> int:
+    """Both arms of a paired round on this rank. Every rank runs the plan's last look of pairs: a stop decided
+    from one rank's times could differ on the other, which would then wait for an all-reduce that never comes.
+    The parent replays the looks over the merged pairs (the first look that decides ends the round)."""
+    from helpers.record import load_run
+    from helpers.run.pair import run_pair
+    req = json.loads(request.read_text(encoding="utf-8"))
+    ref, cand = load_config(req["reference"]), load_config(req["candidate"])
+    folder, plan = Path(req["folder"]), req["plan"]
+    t0 = time.time()
+    out = run_pair(ref, cand, folder, plan["block_steps"], plan["looks"][-1], lambda pairs: False,
+                   make_trainer=lambda cfg, run_dir: RankTrainer(cfg, run_dir, rank, size, None),
+                   setup=lambda: join_process_group(cand), paired_file=f"paired_rank_{rank}.json")
+    for arm in ("reference", "candidate"):
+        arm_dir = folder / arm
+        own = arm_dir if rank == 0 else arm_dir / "ranks" / f"rank_{rank}"
+        try:
+            record = load_run(own)
+        except RecordError:
+            continue  # this arm never started here: no rank file, the merge reads the rank-0 record's failure
+        write_rank_file(arm_dir, rank, size, record.status, 1, time.time() - t0,
+                        out["memory"].get(f"{arm}_peak_bytes") or peak_rss_bytes(), record.metrics, None)
+    return 0 if out["status"] != "failed" else 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Train one rank; exit 0 ok, 3 stopped (nan), 1 failed."""
+    """Train one rank (or, with --pair, both arms of a paired round); exit 0 ok, 3 stopped (nan), 1 failed."""
     args = argparse.ArgumentParser()
-    args.add_argument("--config", required=True)
-    args.add_argument("--out", required=True)
+    args.add_argument("--config")
+    args.add_argument("--out")
+    args.add_argument("--pair", help="a paired round's request (JSON: reference, candidate, folder, plan)")
     ns = args.parse_args(argv)
-    cfg = load_config(ns.config)
-    run_dir = Path(ns.out)
     if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun runs this script as its scheduler too
         from mindspore.communication import init
         init()  # serves the cluster until the workers finish
         return 0
     rank, size = int(os.environ["RANK_ID"]), int(os.environ["RANK_SIZE"])  # set by msrun
+    if ns.pair:
+        return pair_main(Path(ns.pair), rank, size)
+    cfg = load_config(ns.config)
+    run_dir = Path(ns.out)
     # at most half the steady steps: the profiled ones are left out of speed, so unprofiled ones must remain
     window = min(cfg.parallel.comm_profile_steps, max(0, cfg.steps - cfg.steady_after) // 2)
     if window and not cfg.monitor.profile_steps:  # the run's profiler window measures the collectives
@@ -84,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
 
     def keep(row: dict, total: int) -> None:
-        rows.append({k: row[k] for k in ("step", "step_time_ms", "data_wait_ms", "loss", "grad_norm")})
+        rows.append({k: row[k] for k in ROW_KEYS})
 
     progress = fan_out(keep, progress_sink("json") if rank == 0 else None)  # rank 0's lines reach msrun's log
 
@@ -95,10 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         comm = comm_per_step(load_profile(trainer.run_dir)) if cfg.monitor.profile_steps else None
     except RecordError:  # the run stopped before its profiler window closed
         comm = None
-    rank_file(run_dir, rank).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(rank_file(run_dir, rank), {
-        "rank": rank, "size": size, "status": outcome.status, "start_step": outcome.start_step,
-        "wall_s": time.time() - t0, "peak_rss_bytes": peak_rss_bytes(), "rows": rows, "comm": comm})
+    write_rank_file(run_dir, rank, size, outcome.status, outcome.start_step, time.time() - t0, peak_rss_bytes(),
+                    rows, comm)
     return 0 if outcome.status == "ok" else 3
 
 

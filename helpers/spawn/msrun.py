@@ -53,14 +53,15 @@ def msrun_executable() -> str:
     return found
 
 
-def msrun_command(config_path: str | Path, run_dir: str | Path, workers_per_node: int, port: int,
+def msrun_command(config_path: str | Path | None, run_dir: str | Path, workers_per_node: int, port: int,
                   nodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
-                  msrun: str = "msrun") -> list[str]:
-    """The msrun command line for one node of a data-parallel run (run it on every node, node_rank 0..nodes-1)."""
+                  msrun: str = "msrun", worker_args: list[str] | None = None) -> list[str]:
+    """The msrun command line for one node of a data-parallel run (run it on every node, node_rank 0..nodes-1).
+    worker_args: the worker's arguments instead of `--config config_path --out run_dir` (a paired round)."""
+    args = worker_args if worker_args is not None else ["--config", str(config_path), "--out", str(run_dir)]
     return [msrun, f"--worker_num={workers_per_node * nodes}", f"--local_worker_num={workers_per_node}",
             f"--master_addr={master_addr}", f"--master_port={port}", f"--node_rank={node_rank}",
-            f"--log_dir={Path(run_dir) / LOG_DIR}", "--join=True",
-            str(WORKER), "--config", str(config_path), "--out", str(run_dir)]
+            f"--log_dir={Path(run_dir) / LOG_DIR}", "--join=True", str(WORKER), *args]
 
 
 def _check_paths(cfg: Config, run_dir: Path) -> None:
@@ -101,6 +102,28 @@ def _relay(lines: list[str], progress, total: int) -> None:
             progress(row, total)
 
 
+def pick_port(cfg: Config) -> int:
+    """cfg.parallel.master_port checked (pinned), or a free one (0); before anything starts."""
+    port = cfg.parallel.master_port
+    if port:
+        check_port(port)
+        return port
+    return free_port()
+
+
+def follow_msrun(cmd: list[str], run_dir: Path, on_lines: Callable[[list[str]], None]) -> int:
+    """Run an msrun command in the repository (output to run_dir/msrun.log), handing rank 0's new log lines to
+    `on_lines` every 0.5 s until it exits; returns msrun's exit code."""
+    follower = _LogFollower(run_dir / LOG_DIR / "worker_0.log")
+    with open(run_dir / "msrun.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_msrun_env(), cwd=REPO_ROOT)
+        while proc.poll() is None:
+            on_lines(follower.lines())
+            time.sleep(0.5)
+    on_lines(follower.lines())
+    return proc.returncode
+
+
 def train_data_parallel(cfg: Config, run_dir: str | Path,
                         progress: Callable[[dict, int], None] | None = None) -> int:
     """Train `cfg` on cfg.parallel.data_parallel local processes via msrun; returns msrun's exit code.
@@ -111,11 +134,7 @@ def train_data_parallel(cfg: Config, run_dir: str | Path,
     run_dir = absolute(run_dir)  # msrun runs in the repository: paths must mean what the caller meant
     cfg = config_mod.absolute_paths(cfg)
     _check_paths(cfg, run_dir)
-    port = cfg.parallel.master_port
-    if port:
-        check_port(port)
-    else:
-        port = free_port()
+    port = pick_port(cfg)
     ranks = run_dir / "ranks"
     ranks.mkdir(parents=True, exist_ok=True)
     for stale in ranks.glob("rank_*.json"):
@@ -123,12 +142,6 @@ def train_data_parallel(cfg: Config, run_dir: str | Path,
     request = ranks / "request.yaml"
     request.write_text(config_mod.dump(cfg), encoding="utf-8")
     cmd = msrun_command(request, run_dir, cfg.parallel.data_parallel, port, msrun=msrun_executable())
-    follower = _LogFollower(run_dir / LOG_DIR / "worker_0.log")
-    with open(run_dir / "msrun.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_msrun_env(), cwd=REPO_ROOT)
-        while proc.poll() is None:
-            _relay(follower.lines(), progress, cfg.steps)
-            time.sleep(0.5)
-    _relay(follower.lines(), progress, cfg.steps)
+    code = follow_msrun(cmd, run_dir, lambda lines: _relay(lines, progress, cfg.steps))
     merge_ranks(run_dir)
-    return proc.returncode
+    return code

@@ -1,5 +1,9 @@
 """Start a paired round's training process (`python -m helpers pair`, see helpers/run/pair.py) and read it back:
-both arms' run records and the block step times it wrote to `paired.json`."""
+both arms' run records and the block step times it wrote to `paired.json`.
+
+When the arms are data parallel, the paired process is every rank of one msrun launch (helpers/spawn/dp_worker.py
+--pair): each rank runs both arms; afterwards each arm's ranks are merged into its record and the ranks' block
+times into paired.json (per step, the slowest rank's time, as in a data-parallel run's record)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +16,8 @@ from helpers.config import Config
 from helpers.paths import absolute
 from helpers.record import RecordError, load_run
 from helpers.spawn.live import publish
+from helpers.spawn.msrun import LOG_DIR, follow_msrun, msrun_command, msrun_executable, pick_port
+from helpers.spawn.rankmerge import merge_pairs, merge_ranks
 from helpers.spawn.runner import stream_child
 
 PAIRED_FILE = "paired.json"  # written by helpers/run/pair.py (the same name there)
@@ -38,8 +44,13 @@ def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progre
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=plan["looks"][-1], desc=label, unit="pair", leave=True)
+    ranks = reference.parallel.data_parallel > 1
+    log = folder / (LOG_DIR + "/worker_0.log" if ranks else "pair.log")
     try:
-        code = stream_child(cmd, folder / "pair.log", lambda line: _show(bar, label, line), timeout_s)
+        if ranks:
+            code = _run_ranks(reference, folder, request, lambda line: _show(bar, label, line))
+        else:
+            code = stream_child(cmd, log, lambda line: _show(bar, label, line), timeout_s)
     finally:
         for p in [*paths.values(), request]:
             Path(p).unlink(missing_ok=True)
@@ -54,10 +65,30 @@ def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progre
     raw = json.loads((folder / PAIRED_FILE).read_text(encoding="utf-8")) if (folder / PAIRED_FILE).is_file() else None
     error = ""
     if raw is None or None in records.values():
-        tail = (folder / "pair.log").read_text(errors="replace").strip().splitlines()[-1:] or ["(empty log)"]
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        tail = text.strip().splitlines()[-1:] or ["(empty log)"]
         missing = [n for n, r in records.items() if r is None] + ([PAIRED_FILE] if raw is None else [])
         error = f"the paired process exited {code} without {', '.join(missing)} ({tail[0][:300]})"
     return records["reference"], records["candidate"], raw, error
+
+
+def _run_ranks(cfg: Config, folder: Path, request: Path, on_line) -> int:
+    """Both arms on every rank of one msrun launch; then each arm's record and paired.json merged over the ranks.
+    Returns msrun's exit code."""
+    cmd = msrun_command(None, folder, cfg.parallel.data_parallel, pick_port(cfg), msrun=msrun_executable(),
+                        worker_args=["--pair", str(request)])
+
+    def relay(lines: list[str]) -> None:
+        for line in lines:
+            on_line(line)
+    code = follow_msrun(cmd, folder, relay)
+    for arm in ("reference", "candidate"):
+        try:
+            merge_ranks(folder / arm)
+        except RecordError:
+            pass  # the arm left no record: launch_pair reports it
+    merge_pairs(folder)
+    return code
 
 
 def _show(bar, label: str, line: str) -> None:

@@ -1,4 +1,5 @@
-"""Merge the per-rank figures of a data-parallel run into its one run record (after msrun returns).
+"""Merge the per-rank figures of a data-parallel run into its one run record (after msrun returns), and the
+ranks' block step times of a data-parallel paired round into its paired.json.
 
 Per step: step time = the slowest rank's (the step ends when every rank has its reduced gradients);
 loss = mean of the ranks' shard losses (equal shards, so it is the global batch's loss). The summary
@@ -14,7 +15,8 @@ import numpy as np
 
 from helpers.run.metrics import Ema, steady_rows, summarize
 from helpers.run.profile import window_steps
-from helpers.record import METRICS_FILE, atomic_write_text, load_run, rows_to_csv, write_summary
+from helpers.record import (METRICS_FILE, atomic_write_json, atomic_write_text, load_run, rows_to_csv,
+                            write_summary)
 
 
 def _merge_row(base: dict, per_rank: list[dict]) -> dict:
@@ -78,4 +80,24 @@ def merge_ranks(run_dir: str | Path) -> dict | None:
               "rank_step_time_ms": rank_ms, "rank_status": [r["status"] for r in ranks],
               "step_time_source": "per step, the slowest rank's time (median over the steady window)"}
     write_summary(run_dir, merged)
+    return merged
+
+
+def merge_pairs(folder: str | Path) -> dict | None:
+    """folder/paired.json from the ranks' paired_rank_K.json: rank 0's record with each block step time the
+    slowest rank's, over the pairs every rank completed (the worst status wins); None when no rank wrote one."""
+    folder = Path(folder)
+    ranks = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("paired_rank_*.json"))]
+    if not ranks:
+        return None
+    n = min(len(r["pairs"]) for r in ranks)
+    pairs = [[[max(times) for times in zip(*(r["pairs"][i][arm] for r in ranks))] for arm in (0, 1)]
+             for i in range(n)]
+    merged = {**ranks[0], "pairs": pairs,
+              "first_in_pair": ranks[0]["first_in_pair"][:n], "ranks_merged": len(ranks),
+              "block_time_source": "per step, the slowest rank's time"}
+    for rank in ranks:
+        if rank["status"] == "failed" or (rank["status"] == "ended" and merged["status"] == "ok"):
+            merged["status"], merged["reason"] = rank["status"], rank["reason"]
+    atomic_write_json(folder / "paired.json", merged)
     return merged

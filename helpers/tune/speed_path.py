@@ -27,7 +27,14 @@ PROCESS_GLOBAL = {
 }
 
 
+# Data-parallel keys that two arms can still differ in inside each rank of one msrun launch: MindSpore fixes the
+# all-reduce fusion when each arm's step graph is built and compiled (helpers/spawn/dp_worker.set_fusion).
+PER_GRAPH = {"parallel.comm_fusion", "parallel.fusion_size_mb", "parallel.fusion_indices"}
+
+
 def _why(key: str) -> str:
+    if key in PER_GRAPH:
+        return ""
     return next((why for k, why in PROCESS_GLOBAL.items() if key == k or (k.endswith(".") and key.startswith(k))),
                 "")
 
@@ -46,13 +53,21 @@ def speed_path(changes: dict, best: Config) -> tuple[str, str]:
     """(path, why) for a round changing `changes` (keys) on top of `best`.
 
     Separate processes when any changed key is process-wide (see PROCESS_GLOBAL), when the best is data
-    parallel (msrun processes), or when its runs are profiled (one profiler per process, one op table per run). A paired process compiles without the compile cache (helpers/run/pair.py).
+    parallel and the change is not one of the all-reduce fusion keys (PER_GRAPH: those are paired inside each
+    rank of one msrun launch), or when its runs are profiled (one profiler per process, one op table per run).
+    A paired process compiles without the compile cache (helpers/run/pair.py).
     """
     hits = [f"{k}: {_why(k)}" for k in changes if _why(k)]
-    if best.parallel.data_parallel > 1:
+    dp = best.parallel.data_parallel > 1
+    if dp and not set(changes) <= PER_GRAPH:
         hits.append("the best config is data parallel (msrun processes)")
+    if not dp and set(changes) & PER_GRAPH:
+        hits.append("all-reduce fusion only exists in a data-parallel run (msrun processes)")
     if best.monitor.profile_steps:
         hits.append("every run of the best is profiled, and the profiler is process-wide")
     if hits:
         return PROCESSES, "; ".join(hits)
+    if dp:
+        return PAIRED, (f"{', '.join(changes)} is fixed when each arm's step graph is compiled: both arms in each "
+                        f"of the {best.parallel.data_parallel} ranks of one msrun launch")
     return PAIRED, f"{', '.join(changes)} can differ between two models of one process"

@@ -86,6 +86,24 @@ def test_eight_by_40gb_example_and_recommendations():
     assert recommend(70e9).startswith("DP + TP") and "PP" in recommend(70e9)
 
 
+def test_paired_rank_times_merge_to_the_slowest_rank_per_step(tmp_path):
+    import json
+    from helpers.spawn.rankmerge import merge_pairs
+    base = {"block_steps": 2, "first_in_pair": ["reference", "candidate", "reference"], "status": "ok",
+            "reason": ""}
+    (tmp_path / "paired_rank_0.json").write_text(json.dumps(
+        {**base, "pairs": [[[10, 12], [20, 21]], [[11, 9], [19, 30]], [[5, 5], [5, 5]]]}))
+    (tmp_path / "paired_rank_1.json").write_text(json.dumps(
+        {**base, "pairs": [[[13, 11], [18, 22]], [[10, 10], [25, 20]]], "status": "ended", "reason": "nan"}))
+    merged = merge_pairs(tmp_path)
+    # the pairs every rank finished, each step the slower rank's; the worse status wins
+    assert merged["pairs"] == [[[13, 12], [20, 22]], [[11, 10], [25, 30]]]
+    assert merged["first_in_pair"] == ["reference", "candidate"] and merged["ranks_merged"] == 2
+    assert (merged["status"], merged["reason"]) == ("ended", "nan")
+    assert json.loads((tmp_path / "paired.json").read_text()) == merged
+    assert merge_pairs(tmp_path / "nothing") is None
+
+
 # -------------------------------------------------------------------------------------- real training
 
 @pytest.mark.slow
@@ -131,23 +149,27 @@ def load_json_rows(path):
 @pytest.mark.slow
 def test_notebook_runs_and_fusion_is_a_real_round(notebooks_run):
     """Notebook 10 as a user runs it (the shared run of every notebook with its defaults, tiny preset)."""
+    import json
     import nbformat
     from helpers.tune.rounds import Workbook
     root, failures = notebooks_run
     assert "10_data_parallel" not in failures, failures
     runs = root / "runs" / "10_data_parallel"
     assert load_run(runs / "dp2_unfused").summary["allreduce_calls_per_step"] == 28.0  # one per gradient tensor
+    assert load_run(runs / "dp2_size-fused").summary["allreduce_calls_per_step"] == 1.0  # one bucket
     (folder,) = runs.glob("fusion_*")
     wb = Workbook.open(folder)
     (result,) = wb.rounds()  # the default: one round, gradient fusion by size
     assert result.name == "comm_fusion_size" and wb.baseline_runs()[0].config.parallel.comm_fusion == "none"
-    # pairs of separate runs judged by the workbook's rule (a process-wide variable), not one run per mode
-    assert len(result.candidate_runs) == len(result.reference_runs) >= 2 and result.verdict.path == "processes"
+    # both arms in each rank of one msrun launch, judged by the workbook's rule
+    assert len(result.candidate_runs) == len(result.reference_runs) == 1 and result.verdict.path == "paired"
     assert result.decision in {"keep", "reject", "no change"}, result.verdict.reason
     assert "interval" in result.verdict.reason and result.changes == {"parallel.comm_fusion": ("none", "size")}
-    cand = wb.load_runs(result.candidate_runs)
-    assert {run.summary["allreduce_calls_per_step"] for run in cand} == {1.0}  # one bucket
-    assert all(run.summary["comm_step_share"] > 0 for run in cand)
+    (cand,), (ref,) = wb.load_runs(result.candidate_runs), wb.load_runs(result.reference_runs)
+    assert cand.config.parallel.comm_fusion == "size" and ref.config.parallel.comm_fusion == "none"
+    assert cand.summary["ranks_merged"] == ref.summary["ranks_merged"] == 2
+    paired = json.loads((cand.path.parent / "paired.json").read_text())
+    assert paired["ranks_merged"] == 2 and len(paired["pairs"]) == 12  # every rank runs the plan's last look
     text = "".join(str(o) for c in nbformat.read(str(root / "notebooks" / "out_10_data_parallel.ipynb"),
                                                   as_version=4).cells for o in c.get("outputs", []))
     assert "Round 1 'comm_fusion_size'" in text

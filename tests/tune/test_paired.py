@@ -121,6 +121,10 @@ def test_every_config_key_has_a_measurement_path():
     assert path == PROCESSES and "process-wide" in why
     assert speed_path({"batch_size": 16}, from_dict({"parallel": {"data_parallel": 2}, "batch_size": 8}))[0] \
         == PROCESSES
+    dp = from_dict({"parallel": {"data_parallel": 2}, "batch_size": 8})
+    path, why = speed_path({"parallel.comm_fusion": "size"}, dp)  # fixed per compiled graph: paired in each rank
+    assert path == PAIRED and "msrun launch" in why
+    assert speed_path({"parallel.comm_fusion": "size"}, best)[0] == PROCESSES  # no all-reduce without DP
     profiled = from_dict({"steps": 30, "monitor": {"profile_steps": 10}})  # one profiler, one op table per run
     path, why = speed_path({"model.qkv": "fused_slice"}, profiled)
     assert path == PROCESSES and "profiled" in why
