@@ -9,8 +9,10 @@ the recipe the auto-tuner finds (issue 16).
    2.4e-8 nats/token above it), so a rerun could "not reach"
    its own target.
 2. The tuner: `autotune_time_to_target` from nanoGPT's recipe with that target and `budget_min` minutes
-   (helpers/tune/ttq_search.py); its ledger is copied to <results>/ttq_ledger.jsonl.
-3. The tuned recipe (the tuner's best config), once per seed, each ending at the target. Not interleaved with the
+   (helpers/tune/ttq_search.py), the runs of step 1 pinned as its baseline (not trained again out of its
+   budget); its ledger is copied to <results>/ttq_ledger.jsonl.
+3. The tuned recipe (the tuner's best config), once per seed, each ending at the target. When the tuner kept no
+   change, the tuned recipe is nanoGPT's and its time is step 1's (ratio 1). Not interleaved with the
    reference: the target must exist before the tuner runs and the tuned recipe only after it; load averages of each
    phase are recorded instead.
 Time to target = wall seconds since the run's process started (start-up, compile, every step and validation pass:
@@ -81,7 +83,7 @@ def item_ttq(iters: int, budget_min: float, seeds: int, results: Path) -> dict:
         load["tuner_start"] = os.getloadavg()
         t1 = time.perf_counter()
         tuned = autotune_time_to_target(ref_cfg, tmp / "tuner", budget_min, target, seeds=seeds,
-                                        log=lambda line: print(f"  tuner: {line}", flush=True))
+                                        log=lambda line: print(f"  tuner: {line}", flush=True), baseline_runs=first)
         tuner_s = time.perf_counter() - t1
         wb = Workbook.open(tmp / "tuner")
         best_cfg = wb.best_config()
@@ -90,7 +92,12 @@ def item_ttq(iters: int, budget_min: float, seeds: int, results: Path) -> dict:
         load["tuned_start"] = os.getloadavg()
         tuned_cfg = with_changes(best_cfg, {"target_val_loss": target, "compile_cache": False})
         runs = {"nanogpt": first, "tuned": []}
-        for seed in seed_list:
+        kept = [r.path for r in wb.best_runs()] != [r.path for r in wb.baseline_runs()]
+        if not kept:  # the tuned recipe is nanoGPT's: its time is the reference runs' own (ratio 1)
+            runs["tuned"] = first
+            print("  the tuner kept no change: the tuned recipe is nanoGPT's, timed by the reference runs",
+                  flush=True)
+        for seed in seed_list if kept else []:
             run = launch(with_changes(tuned_cfg, {"seed": seed}), tmp / f"tuned_{seed}", progress=False,
                          desc=f"tuned seed {seed}")
             runs["tuned"].append(run)
@@ -105,7 +112,7 @@ def item_ttq(iters: int, budget_min: float, seeds: int, results: Path) -> dict:
     ratio_text = "missing (an arm did not reach the target)" if ratio is None else f"×{ratio:.3f}"
     return {"iters": iters, "seeds": seed_list, "budget_min": budget_min, "target_val_loss": target,
             "order": "nanoGPT recipe per seed (sets the target, the reference time) → tuner → tuned recipe per seed",
-            "tuner": {"elapsed_s": tuner_s, "stop_reason": tuned.stop_reason,
+            "tuner": {"elapsed_s": tuner_s, "stop_reason": tuned.stop_reason, "kept_a_change": kept,
                                                   "rounds": tuned.rounds, "skipped": tuned.skipped,
                                                   "ledger": "ttq_ledger.jsonl"},
             "recipes": {"nanogpt": _recipe(ref_cfg), "tuned": _recipe(best_cfg)},

@@ -51,6 +51,9 @@ __all__ = ["FIXED", "GROUPS", "RoundError", "RoundResult", "Verdict", "Workbook"
 FORMAT = "mindspore-tuning-workbook"
 VERSION = 1
 MARKER = "workbook.json"
+# What adopted baseline runs may differ in from the baseline config: their seed, and when a run ends (a run that
+# trained past the target reached it at the same second as one that stops there).
+ADOPTABLE = ("seed", "target_val_loss", "max_time_s")
 
 # Variables that only make sense changed together; any other round changes exactly one variable.
 GROUPS = (
@@ -383,14 +386,21 @@ class Workbook:
         return judge(references, candidates, baseline, outcome, plan, speed["path"], self.loss_gate,
                      self.memory_limit_bytes)
 
-    def baseline(self, progress: bool = True, who: str | None = None) -> list[RunRecord]:
-        """The pinned baseline's runs: trained `repeats` times (each in its own process) on the first call."""
+    def baseline(self, progress: bool = True, who: str | None = None,
+                 adopt: list[RunRecord] | None = None) -> list[RunRecord]:
+        """The pinned baseline's runs: trained `repeats` times (each in its own process) on the first call.
+
+        adopt: finished runs of the baseline config to pin instead of training it (copied into baseline/), e.g.
+        the runs that set a time-to-target bench's target. They may differ from the baseline config only in
+        ADOPTABLE keys (the seed, and when a run ends); RoundError (one line) otherwise."""
         with self._lock.hold():
             entries = self.ledger()
             pinned = [e for e in entries if e["event"] == "baseline"]
             if pinned:
                 return self.load_runs([self.path / p for p in pinned[0]["runs"]])
             folder = self._fresh(self.path / "baseline")
+            if adopt:
+                return self._adopt(adopt, folder, who, entries)
             records = []
             for k in range(1, self.repeats + 1):
                 record, error = self._launch(self._baseline_config, folder / f"run_{k}",
@@ -407,6 +417,22 @@ class Workbook:
                           "tokens_per_s": median_summary(records, "tokens_per_s"), "verdict": None,
                           "decision": "baseline", "who": who or _user(), "when": _now()}, 0, entries)
             return records
+
+    def _adopt(self, runs: list[RunRecord], folder: Path, who: str | None, entries: list[dict]) -> list[RunRecord]:
+        for run in runs:
+            other = {k for k in config_mod.diff(self._baseline_config, run.config) if k not in ADOPTABLE}
+            if run.status != "ok" or other:
+                why = f"it ended '{run.status}'" if run.status != "ok" else f"it differs in {', '.join(sorted(other))}"
+                raise RoundError(f"cannot pin {str(run.path)!r} as the baseline: {why}; pin finished runs of the "
+                                 f"baseline config (only {', '.join(ADOPTABLE)} may differ)")
+        for k, run in enumerate(runs, 1):
+            shutil.copytree(run.path, folder / f"run_{k}")
+        records = self.load_runs([folder / f"run_{k}" for k in range(1, len(runs) + 1)])
+        self._append({"event": "baseline", "round": 0, "name": "baseline", "changes": {},
+                      "runs": [self._rel(r.path) for r in records], "adopted_from": [str(r.path) for r in runs],
+                      "tokens_per_s": median_summary(records, "tokens_per_s"), "verdict": None,
+                      "decision": "baseline", "who": who or _user(), "when": _now()}, 0, entries)
+        return records
 
     def _pinned(self, entries: list[dict]) -> None:
         if not any(e["event"] == "baseline" for e in entries):

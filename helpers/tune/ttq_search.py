@@ -137,19 +137,23 @@ def _arms(wb: Workbook, best_cfg: Config, best: list[RunRecord], result: Autotun
 
 def autotune_time_to_target(cfg: Config, out, budget_min: float, target_val_loss: float, seeds: int = 2,
                             repeats: int = 2, eta: int = 3, progress: bool = False,
-                            log: Callable[[str], None] = print) -> AutotuneResult:
+                            log: Callable[[str], None] = print,
+                            baseline_runs: list[RunRecord] | None = None) -> AutotuneResult:
     """The auto-tuner's time-to-target mode (`python -m helpers autotune --objective time_to_target
     --target-val-loss X`): search the recipe and the speed levers for the least wall time to `target_val_loss`
     (nats/token) within `budget_min` minutes, `seeds` seeds per round arm, successive halving with η = `eta`
-    (module docstring). Bad input fails in one line (AutotuneError, ConfigError) before anything trains."""
+    (module docstring); `baseline_runs` pins finished runs of `cfg` as the baseline. Bad input fails in one line
+    (AutotuneError, ConfigError) before anything trains."""
     return search(cfg, out, check_budget(budget_min), target_val_loss, seeds=seeds, repeats=repeats, eta=eta,
-                  progress=progress, log=log)
+                  progress=progress, log=log, baseline_runs=baseline_runs)
 
 
 def search(cfg: Config, out, budget_s: float, target: float, seeds: int = 2, repeats: int = 2, eta: int = 3,
-           progress: bool = False, log: Callable[[str], None] = print) -> AutotuneResult:
+           progress: bool = False, log: Callable[[str], None] = print,
+           baseline_runs: list[RunRecord] | None = None) -> AutotuneResult:
     """Run the brackets described in the module docstring into the workbook at `out` (created or continued) until
-    the budget (seconds) or the arms run out. `target`: validation loss in nats/token."""
+    the budget (seconds) or the arms run out. `target`: validation loss in nats/token. `baseline_runs`: finished
+    runs of `cfg` to pin as the baseline instead of training it (`Workbook.baseline(adopt=...)`)."""
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not math.isfinite(target) or target <= 0:
         raise AutotuneError(f"target_val_loss={target!r} must be a positive validation loss in nats/token, e.g. "
                             f"--target-val-loss 1.9")
@@ -161,7 +165,8 @@ def search(cfg: Config, out, budget_s: float, target: float, seeds: int = 2, rep
     wb = Workbook.create(out, cfg, repeats=repeats)
     result = AutotuneResult(path=wb.path, budget_s=budget_s, objective=TIME_TO_TARGET)
     pinned = any(e["event"] == "baseline" for e in wb.ledger())
-    base = wb.baseline(progress=progress, who=WHO)
+    base = wb.baseline(progress=progress, who=WHO, adopt=baseline_runs)
+    pinned = pinned or bool(baseline_runs)
     # per-run seconds outside elapsed_s (launch, exit), measured on the baseline when this call trained it
     overheads = [] if pinned else [(time.monotonic() - start) / len(base) - max(_run_wall_s(r) for r in base)]
     log(f"baseline: {_times_words(base, target)} to val loss {target:g} ({time.monotonic() - start:.0f} s)")

@@ -159,6 +159,15 @@ def test_time_to_target_round_stops_an_arm_that_cannot_beat_the_best(tmp_path, s
     assert table["reached"].tolist() == [True, False] and table["ended"].tolist() == ["target reached", "time cap"]
     assert math.isnan(table["s to val loss 2.6000"].iloc[1])  # no time for the arm that did not reach
     assert time_to_target_before_after(wb)["baseline ÷ best"].iloc[0] == pytest.approx(1.0)  # best = baseline
+    # finished runs pinned as another workbook's baseline (a bench's target runs): copied, with where from
+    other = Workbook.create(tmp_path / "adopting", from_dict(tiny(small_corpus)))
+    with pytest.raises(RoundError, match=r"differs in lr, steps; pin finished runs of the baseline config"):
+        other.baseline(adopt=groups["candidate"])
+    assert not other.baseline_runs()  # nothing pinned by the refusal
+    pinned = other.baseline(adopt=wb.baseline_runs())  # differs only in target_val_loss: how a run ends
+    assert [r.path.name for r in pinned] == ["run_1", "run_2"] and pinned[0].path.parent == other.path / "baseline"
+    assert [r.metrics for r in pinned] == [r.metrics for r in wb.baseline_runs()]
+    assert other.ledger()[0]["adopted_from"] == [str(r.path) for r in wb.baseline_runs()]
 
 
 @pytest.mark.slow
