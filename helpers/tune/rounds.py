@@ -412,10 +412,7 @@ class Workbook:
                     raise RoundError(f"baseline not pinned: {error}; fix the config and create the workbook "
                                      f"again")
                 records.append(record)
-            runs = [self._rel(r.path) for r in records]
-            self._append({"event": "baseline", "round": 0, "name": "baseline", "changes": {}, "runs": runs,
-                          "tokens_per_s": median_summary(records, "tokens_per_s"), "verdict": None,
-                          "decision": "baseline", "who": who or _user(), "when": _now()}, 0, entries)
+            self._pin(records, who, entries)
             return records
 
     def _adopt(self, runs: list[RunRecord], folder: Path, who: str | None, entries: list[dict]) -> list[RunRecord]:
@@ -428,11 +425,15 @@ class Workbook:
         for k, run in enumerate(runs, 1):
             shutil.copytree(run.path, folder / f"run_{k}")
         records = self.load_runs([folder / f"run_{k}" for k in range(1, len(runs) + 1)])
+        self._pin(records, who, entries, adopted_from=[str(r.path) for r in runs])
+        return records
+
+    def _pin(self, records: list[RunRecord], who: str | None, entries: list[dict], **extra) -> None:
+        """The ledger's baseline entry for `records`."""
         self._append({"event": "baseline", "round": 0, "name": "baseline", "changes": {},
-                      "runs": [self._rel(r.path) for r in records], "adopted_from": [str(r.path) for r in runs],
+                      "runs": [self._rel(r.path) for r in records], **extra,
                       "tokens_per_s": median_summary(records, "tokens_per_s"), "verdict": None,
                       "decision": "baseline", "who": who or _user(), "when": _now()}, 0, entries)
-        return records
 
     def _pinned(self, entries: list[dict]) -> None:
         if not any(e["event"] == "baseline" for e in entries):
