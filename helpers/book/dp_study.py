@@ -37,14 +37,16 @@ def dp_configs(preset: str, steps: int, corpus: str, batch_size: int, device_tar
             "dp2 size-fused": with_changes(dp, {"parallel.comm_fusion": "size"})}
 
 
-def fusion_study(dp_unfused: Config, workbook_dir: str | os.PathLike, rounds: dict[str, dict], repeats: int = 2,
+def fusion_study(dp_unfused: RunRecord, workbook_dir: str | os.PathLike, rounds: dict[str, dict],
                  progress: bool = True) -> tuple[Workbook, list]:
-    """The gradient-fusion rounds as real rounds: a workbook pinned to the unfused DP config (its baseline,
-    `repeats` runs), then `rounds` ({name: changes}, in order, each against the then-best) through
-    `Workbook.run_round`: a fusion change is measured paired (both arms in each rank of one msrun launch, ABBA
-    blocks) and judged by the workbook's rule."""
-    wb = Workbook.create(workbook_dir, dp_unfused, repeats=repeats)
-    wb.baseline(progress=progress)
+    """The gradient-fusion rounds as real rounds: a workbook whose baseline is the unfused DP run already
+    trained (pinned as it is, not trained again: its config is the workbook's), then `rounds` ({name: changes},
+    in order, each against the then-best) through `Workbook.run_round`: a fusion change is measured paired (both
+    arms in each rank of one msrun launch, ABBA blocks) and judged by the workbook's rule."""
+    # the record's config carries the profiler window that measured its all-reduces; the rounds run unprofiled
+    cfg = with_changes(dp_unfused.config, {"monitor.profile_steps": 0, "monitor.profile_start": 0})
+    wb = Workbook.create(workbook_dir, cfg)
+    wb.baseline(progress=progress, adopt=[dp_unfused])  # one run: the loss gate stays at its default width
     return wb, run_rounds(wb, rounds, progress=progress)
 
 

@@ -51,9 +51,11 @@ __all__ = ["FIXED", "GROUPS", "RoundError", "RoundResult", "Verdict", "Workbook"
 FORMAT = "mindspore-tuning-workbook"
 VERSION = 1
 MARKER = "workbook.json"
-# What adopted baseline runs may differ in from the baseline config: their seed, and when a run ends (a run that
-# trained past the target reached it at the same second as one that stops there).
-ADOPTABLE = ("seed", "target_val_loss", "max_time_s")
+# What adopted baseline runs may differ in from the baseline config: their seed, when a run ends (a run that
+# trained past the target reached it at the same second as one that stops there), and the profiler's window (a
+# data-parallel run's record carries the window that measured its all-reduces; profiled steps are left out of
+# its speed, and the profiler changes no arithmetic).
+ADOPTABLE = ("seed", "target_val_loss", "max_time_s", "monitor.profile_steps", "monitor.profile_start")
 
 # Variables that only make sense changed together; any other round changes exactly one variable.
 GROUPS = (
@@ -392,7 +394,7 @@ class Workbook:
 
         adopt: finished runs of the baseline config to pin instead of training it (copied into baseline/), e.g.
         the runs that set a time-to-target bench's target. They may differ from the baseline config only in
-        ADOPTABLE keys (the seed, and when a run ends); RoundError (one line) otherwise."""
+        ADOPTABLE keys (the seed, when a run ends, the profiler's window); RoundError (one line) otherwise."""
         with self._lock.hold():
             entries = self.ledger()
             pinned = [e for e in entries if e["event"] == "baseline"]
