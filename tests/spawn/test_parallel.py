@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,6 +162,9 @@ def test_notebook_runs_and_fusion_is_a_real_round(notebooks_run):
     wb = Workbook.open(folder)
     (result,) = wb.rounds()  # the default: one round, gradient fusion by size
     assert result.name == "comm_fusion_size" and wb.baseline_runs()[0].config.parallel.comm_fusion == "none"
+    # the baseline is section 1's unfused run, pinned as it is (its record carries the profiler window)
+    (adopted,) = wb.ledger()[0]["adopted_from"]
+    assert Path(adopted).resolve() == (runs / "dp2_unfused").resolve() and len(wb.baseline_runs()) == 1
     # both arms in each rank of one msrun launch, judged by the workbook's rule
     assert len(result.candidate_runs) == len(result.reference_runs) == 1 and result.verdict.path == "paired"
     assert result.decision in {"keep", "reject", "no change"}, result.verdict.reason
