@@ -168,6 +168,11 @@ def test_time_to_target_round_stops_an_arm_that_cannot_beat_the_best(tmp_path, s
     assert [r.path.name for r in pinned] == ["run_1", "run_2"] and pinned[0].path.parent == other.path / "baseline"
     assert [r.metrics for r in pinned] == [r.metrics for r in wb.baseline_runs()]
     assert other.ledger()[0]["adopted_from"] == [str(r.path) for r in wb.baseline_runs()]
+    # the tuner from pinned runs (the ttq bench's way): no baseline trained, its budget planned without them
+    tuned = autotune_time_to_target(from_dict(tiny(small_corpus, target_val_loss=2.6)), tmp_path / "tuner", 0.02,
+                                    2.6, baseline_runs=groups["reference"], log=lambda _: None)
+    assert tuned.stop_reason.startswith("budget") and not tuned.rounds
+    assert Workbook.open(tmp_path / "tuner").ledger()[0]["adopted_from"] == [str(r.path) for r in groups["reference"]]
 
 
 @pytest.mark.slow
