@@ -8,19 +8,24 @@ costs only the time it needs. The time that counts is `elapsed_s`: wall seconds 
 One bracket, repeated while the budget allows (successive halving with two rungs, η = `eta`):
     cap       = the current best's mean seconds to target × CAP_MARGIN. An arm still short of the target at
                 that time cannot beat the best (noise aside), so no run of an arm goes past it.
-    rung 1    screen: each untried arm trains once (the best's seed) with the time cap cap/η; ranked by seconds
-                to target if it got there, else by its validation loss at the cap. The top ⌈n/η⌉ that are
-                ahead of the best's own curve at that wall time are promoted; the rest are dropped.
+    rung 1    a race: the untried arms, one after another, each train once (the best's seed) until they reach
+                the target or their cap: `cap`, lowered to the fastest screened arm's time × CAP_MARGIN once an arm
+                has reached it. Every arm is judged on the objective itself, seconds to target, so a short schedule
+                that leads early but never gets there is not preferred (an earlier screen at the fixed time cap/η
+                ranked arms by val loss and promoted exactly those). The arms that reached it sooner than the best,
+                fastest first, top ⌈n/η⌉, are promoted; the rest are dropped.
     rung 2    the promoted arms, best first, as ordinary time-to-target rounds (`Workbook.run_round`: `seeds`
                 seeds per arm, ABBA order, the candidate capped at `cap`, pairs stopping at the first candidate
                 seed that did not reach the target), judged on seconds to target against the seed band. A kept
                 round moves the best; the next arms are compared against it.
-How many arms a bracket screens is planned from measured times: the screen costs (cap/η + per-run overhead)
-per arm, and one round must still fit after it. Arms = the recipe grid around the best (`recipe_arms`: lr,
-warm-up, schedule length, min_lr, global batch, changed together) and the first speed levers the bottleneck
-diagnosis orders (`autotune.candidates`). Each screened arm is a ledger note (decision promoted/dropped) whose
-`why` and `reasoning` give its numbers, the cap and the rank; each round's entry says why it ran. An arm that
-did not reach the target is written "did not reach", never a time. Screening runs live in `screens/NN_MM_name/`.
+The budget is checked before every run from measured times: an arm is screened only while one round still fits
+after it at its cap (at least two must fit at `cap`, else the first arm goes straight to a round). Arms = the recipe
+grid around the best (`recipe_arms`: lr, warm-up, schedule length, min_lr, global batch, changed together) and the
+first speed levers the bottleneck diagnosis orders (`autotune.candidates`). Each screened arm is a ledger note
+(decision promoted/dropped) whose `why` and `reasoning` give its numbers, its cap and its rank; an arm the budget
+left out is a "not screened" note (tried again when the workbook continues); each round's entry says why it ran.
+An arm that did not reach the target is written "did not reach", never a time. Screening runs live in
+`screens/NN_MM_name/`.
 """
 from __future__ import annotations
 
@@ -179,7 +184,6 @@ def search(cfg: Config, out, budget_s: float, target: float, seeds: int = 2, rep
         left = budget_s - (time.monotonic() - start)
         ref_s = float(np.mean([_run_wall_s(r) for r in best])) + overhead
         round_s = seeds * (ref_s + cap + overhead) * BUDGET_MARGIN
-        screen_s = (cap / eta + overhead) * BUDGET_MARGIN
         arms = _arms(wb, best_cfg, best, result, log)
         if not arms:
             result.stop_reason = "nothing left to try: every arm of the recipe grid and the speed levers was tried"
@@ -189,22 +193,24 @@ def search(cfg: Config, out, budget_s: float, target: float, seeds: int = 2, rep
                                   f"({seeds}×({ref_s:.0f} s reference + {cap:.0f} s capped candidate + "
                                   f"{overhead:.0f} s)×{BUDGET_MARGIN})")
             break
+        screen_s = (cap + overhead) * BUDGET_MARGIN  # a screening run at most; the race lowers its cap
         n = min(len(arms), int((left - round_s) // screen_s))
         bracket += 1
         plan = (f"Bracket {bracket}: {best_words}, so no arm runs past {cap:.1f} s (×{CAP_MARGIN}: an arm not there by then cannot beat it). "
-                f"{left:.0f} s left; a round costs ~{round_s:.0f} s, a screening run ~{screen_s:.0f} s, so "
-                f"{n} of {len(arms)} arms are screened at {cap / eta:.1f} s (cap/η, η={eta})"
-                + (", and the top 1/η promoted to rounds." if n >= 2 else
-                   f"; fewer than two fit, so the first arm ({arms[0].name}: the recipe grid is ordered "
-                   f"soonest-finishing first) goes straight to a round."))
+                f"{left:.0f} s left; a round costs ~{round_s:.0f} s, a screening run at most ~{screen_s:.0f} s"
+                + (f", so the {len(arms)} arms race to the target one after another, each capped at the fastest "
+                   f"time so far ×{CAP_MARGIN}, while a round still fits after them; the top 1/η (η={eta}) of those "
+                   f"that beat the best go to rounds." if n >= 2 else
+                   f"; fewer than two screening runs fit, so the first arm ({arms[0].name}: the recipe grid is "
+                   f"ordered soonest-finishing first) goes straight to a round."))
         wb.note(f"bracket_{bracket:02d}", plan, decision="plan", who=WHO,
                 reasoning={"best_time_s": round(t_best, 2), "cap_s": round(cap, 2), "eta": eta,
-                           "screen_cap_s": round(cap / eta, 2), "arms": [a.name for a in arms], "screened": n,
-                           "round_estimate_s": round(round_s, 1), "screen_estimate_s": round(screen_s, 1),
-                           "budget_left_s": round(left, 1), "overhead_s": round(overhead, 2)})
+                           "arms": [a.name for a in arms], "round_estimate_s": round(round_s, 1),
+                           "screen_estimate_s": round(screen_s, 1), "budget_left_s": round(left, 1),
+                           "overhead_s": round(overhead, 2)})
         log(plan)
-        promoted = (_screen(wb, arms[:n], best_cfg, best, bracket, cap, eta, target, progress, overheads, log)
-                    if n >= 2 else arms[:1])
+        promoted = (_screen(wb, arms, best_cfg, t_best, best, bracket, cap, eta, target, progress, overheads, log,
+                            lambda: budget_s - (time.monotonic() - start), round_s) if n >= 2 else arms[:1])
         for rank, arm in enumerate(promoted, 1):
             left = budget_s - (time.monotonic() - start)
             t_best = time_to_beat(wb.best_runs(), target)[0]
@@ -251,16 +257,26 @@ def _times_words(runs: list[RunRecord], target: float) -> str:
     return seed_times_text([time_to_target(r, target) for r in runs])
 
 
-def _screen(wb: Workbook, arms: list[Candidate], best_cfg: Config, best: list[RunRecord], bracket: int, cap: float,
-            eta: int, target: float, progress: bool, overheads: list[float],
-            log: Callable[[str], None]) -> list[Candidate]:
-    """Rung 1: each arm once at the cap/η time cap; returns the promoted arms, best first. One ledger note per
-    arm (promoted/dropped) with its numbers."""
-    screen_cap = cap / eta
-    scored = []
+def _screen(wb: Workbook, arms: list[Candidate], best_cfg: Config, t_best: float, best: list[RunRecord],
+            bracket: int, cap: float, eta: int, target: float, progress: bool, overheads: list[float],
+            log: Callable[[str], None], left_s: Callable[[], float], round_s: float) -> list[Candidate]:
+    """Rung 1, a race: each arm once, capped at `cap` or at the fastest time to `target` so far × CAP_MARGIN,
+    while a round (`round_s` seconds) still fits in the budget (`left_s()` seconds) after it; returns the promoted
+    arms, fastest first. One ledger note per arm (promoted/dropped, or "not screened" when the budget left it
+    out) with its numbers."""
+    scored, fastest = [], None
     for k, arm in enumerate(arms, 1):
+        arm_cap = cap if fastest is None else min(cap, fastest * CAP_MARGIN)
+        left = left_s()
         cand, moved = wb.candidate(arm.name, arm.changes, TIME_TO_TARGET)
-        run_cfg = ttq_arms(cand, best_cfg, target, screen_cap)[0]
+        if left < round_s + (arm_cap + max([DEFAULT_OVERHEAD_S, *overheads])) * BUDGET_MARGIN:
+            wb.note(arm.name, f"not screened in bracket {bracket}: {left:.0f} s left, and a round must still fit "
+                    f"after a run capped at {arm_cap:.1f} s. Tried again if the workbook continues.", moved,
+                    decision="not screened", who=WHO, reasoning={"bracket": bracket, "budget_left_s": round(left, 1),
+                                                                 "screen_cap_s": round(arm_cap, 2)})
+            log(f"screen {arm.name}: not screened (budget)")
+            continue
+        run_cfg = ttq_arms(cand, best_cfg, target, arm_cap)[0]
         folder = wb.path / "screens" / f"{bracket:02d}_{k:02d}_{arm.name}"
         t = time.monotonic()
         try:
@@ -272,31 +288,38 @@ def _screen(wb: Workbook, arms: list[Candidate], best_cfg: Config, best: list[Ru
             overheads.append(max(0.0, time.monotonic() - t - _run_wall_s(run)))
             status = run.status if run.status != "ok" else ""
         if status or not eval_curve(run)[1].size:
-            scored.append((arm, moved, None, None, None, f"ended {status or 'without a validation pass'}", folder))
+            scored.append((arm, moved, arm_cap, None, None, None, f"ended {status or 'without a validation pass'}",
+                           folder))
             continue
         _, losses, seconds = eval_curve(run)
-        # the bar: the best's own val loss at the wall time of the arm's last validation pass
-        scored.append((arm, moved, time_to_target(run, target), float(losses[-1]),
+        reached = time_to_target(run, target)
+        if reached is not None:
+            fastest = reached if fastest is None else min(fastest, reached)
+        # the best's own val loss at the wall time of the arm's last validation pass: how far along it was
+        scored.append((arm, moved, arm_cap, reached, float(losses[-1]),
                        (float(seconds[-1]), loss_at_time(best, float(seconds[-1]))), "", folder))
-    ranked = sorted([s for s in scored if s[3] is not None],
-                    key=lambda s: (0, s[2]) if s[2] is not None else (1, s[3]))
-    top = [s for s in ranked[:max(1, math.ceil(len(scored) / eta))] if s[2] is not None or s[3] < s[4][1]]
-    for arm, moved, reached, loss, (at, bar), failure, folder in [(*s[:4], s[4] or (None, None), *s[5:])
-                                                                   for s in scored]:
+    ranked = sorted([s for s in scored if s[3] is not None], key=lambda s: s[3])
+    n = len(scored)
+    top = [s for s in ranked[:max(1, math.ceil(n / eta))] if s[3] < t_best]
+    for arm, moved, arm_cap, reached, loss, (at, bar), failure, folder in [(*s[:5], s[5] or (None, None), *s[6:])
+                                                                            for s in scored]:
         rank = next((i for i, s in enumerate(ranked, 1) if s[0] is arm), None)
-        got = ("did not reach" if reached is None else f"reached it in {reached:.1f} s") if not failure else failure
+        got = ("did not reach it by its cap" if reached is None else f"reached it in {reached:.1f} s") \
+            if not failure else failure
         decision = "promoted" if any(s[0] is arm for s in top) else "dropped"
-        why = (f"Screened in bracket {bracket} at {screen_cap:.1f} s (cap/η): {arm.name} ("
-               f"{', '.join(f'{k}={v}' for k, v in arm.changes.items())}) because {arm.why}. Val loss "
-               f"{target:g}: {got}" + (f"; val loss {loss:.4f} at its last validation pass ({at:.1f} s) vs the "
-                                       f"best's {bar:.4f} at that wall time" if loss is not None else "")
-               + (f"; rank {rank} of {len(scored)}" if rank else "") + f" → {decision} (top ⌈{len(scored)}/{eta}⌉ "
-               f"that are ahead of the best's curve go to rounds).")
+        changes = ", ".join(f"{k}={v}" for k, v in arm.changes.items())
+        why = (f"Screened in bracket {bracket}, capped at {arm_cap:.1f} s (the best's {t_best:.1f} s or the "
+               f"fastest arm so far, ×{CAP_MARGIN}): {arm.name} ({changes}) because {arm.why}. Val loss {target:g}: {got}"
+               + (f"; val loss {loss:.4f} at its last validation pass ({at:.1f} s) vs the best's {bar:.4f} at that "
+                  f"wall time" if loss is not None else "")
+               + (f"; rank {rank} of the {len(ranked)} that reached it" if rank else "")
+               + f" → {decision} (the top ⌈{n}/{eta}⌉ by seconds to target that beat the best's {t_best:.1f} s "
+               f"go to rounds).")
         wb.note(arm.name, why, moved, decision=decision, who=WHO,
-                reasoning={"bracket": bracket, "family": arm.family, "screen_cap_s": round(screen_cap, 2),
+                reasoning={"bracket": bracket, "family": arm.family, "screen_cap_s": round(arm_cap, 2),
                            "run": Path(folder).relative_to(wb.path).as_posix(), "time_to_target_s": reached,
                            "reached": reached is not None, "last_eval_s": at, "val_loss_at_last_eval": loss,
-                           "best_val_loss_then": bar,
+                           "best_val_loss_then": bar, "best_time_s": round(t_best, 2),
                            "rank": rank, "failure": failure or None})
         log(f"screen {arm.name}: {got} → {decision}")
     return [s[0] for s in top]

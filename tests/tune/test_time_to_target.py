@@ -14,7 +14,7 @@ from helpers.tune.autotune import AutotuneError
 from helpers.tune.convergence import seed_band, time_figures, time_to_target
 from helpers.tune.rules import judge_time_to_target
 from helpers.tune.rounds import RoundError, Workbook
-from helpers.tune.ttq_search import autotune_time_to_target, loss_at_time, recipe_arms
+from helpers.tune.ttq_search import CAP_MARGIN, autotune_time_to_target, loss_at_time, recipe_arms
 from helpers.spawn.runner import launch
 from helpers.book.report import time_to_target_before_after, time_to_target_table
 from tests.conftest import run_cli
@@ -187,6 +187,14 @@ def test_autotune_time_to_target_explains_every_arm(tmp_path, small_corpus):
         r = e["reasoning"]
         assert r["reached"] == (r["time_to_target_s"] is not None)
         assert ("did not reach" in e["why"]) != r["reached"]
+        assert e["decision"] == "dropped" or r["reached"] and r["time_to_target_s"] < r["best_time_s"]
+    fastest = {}  # the race: once an arm reached the target, the next arms of its bracket stop at its time ×margin
+    for e in arms:
+        r = e["reasoning"]
+        if r["bracket"] in fastest:
+            assert r["screen_cap_s"] <= round(fastest[r["bracket"]] * CAP_MARGIN, 2)
+        if r["reached"]:
+            fastest[r["bracket"]] = min(fastest.get(r["bracket"], math.inf), r["time_to_target_s"])
     plans = [e for e in entries if e["name"].startswith("bracket_")]
     assert plans and all("cannot beat it" in e["why"] and e["reasoning"]["cap_s"] > 0 for e in plans)
     for e in (e for e in entries if e["event"] == "round"):
