@@ -118,10 +118,13 @@ class _Arms:
 
 def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: int, max_pairs: int,
              stop: StopRule, make_trainer: Callable[[Config, Path], Trainer] = Trainer,
-             setup: Callable[[], None] | None = None, paired_file: str = PAIRED_FILE) -> dict:
+             setup: Callable[[], None] | None = None, paired_file: str = PAIRED_FILE,
+             interleave: str = "blocks") -> dict:
     """Train both arms in this process and measure them in ABBA blocks; returns (and writes) the raw record.
 
-    block_steps: K steps per block; max_pairs: the budget in block pairs; stop(pairs) → True ends the
+    block_steps: K steps per block; interleave: "blocks" (one arm's K steps, then the other's) or "steps" (the
+    two arms' K steps alternate one by one, ABBA, so both blocks of a pair span the same wall-clock window);
+    max_pairs: the budget in block pairs; stop(pairs) → True ends the
     measurement early (pairs = [(reference ms list, candidate ms list), …]). Both records are completed to
     their `steps` whatever the measurement needed. A failure or NaN in one arm ends the other as 'stopped'.
     A data-parallel rank (helpers/spawn/dp_worker.py) passes its own `make_trainer(cfg, run_dir)`, a `setup`
@@ -138,7 +141,7 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     rss_base = rss_bytes()  # MindSpore imported and set up, no model built yet
     warmup = max(reference.steady_after, candidate.steady_after)
     arms = _Arms(reference, candidate, folder, warmup + block_steps * max_pairs, make_trainer)
-    out = {"block_steps": block_steps, "max_pairs": max_pairs, "warmup_steps": warmup,
+    out = {"block_steps": block_steps, "interleave": interleave, "max_pairs": max_pairs, "warmup_steps": warmup,
            "tokens_per_step": {name: arms.tokens_per_step(name) for name in arms.trainers},
            "pairs": [], "first_in_pair": [], "status": "running", "reason": "", "warmup_ms": {}}
     memory = out["memory"] = {"rss_before_models_bytes": rss_base}
@@ -156,7 +159,8 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
         out["setup_s"] = time.perf_counter() - t0
         for i in range(max_pairs):
             order = ("reference", "candidate") if i % 2 == 0 else ("candidate", "reference")
-            got = {name: arms.block(name, block_steps) for name in order}
+            got = _interleaved(arms, order, block_steps) if interleave == "steps" else \
+                {name: arms.block(name, block_steps) for name in order}
             if arms.broken() or any(len(v) < block_steps for v in got.values()):
                 out["status"] = "ended"
                 out["reason"] = f"{', '.join(arms.broken()) or 'an arm'} ended before pair {i + 1} was complete"
@@ -176,6 +180,17 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     out["wall_s"] = time.perf_counter() - t0
     atomic_write_json(folder / paired_file, out)
     return out
+
+
+def _interleaved(arms: _Arms, order: tuple[str, str], k: int) -> dict[str, list[float]]:
+    """One pair with its two blocks woven together: K single steps of each arm in ABBA order (first arm of the
+    pair, then the other, then the other twice …), so a slow stretch of the machine that starts mid-pair lands on
+    both arms' blocks alike instead of on one block."""
+    got = {name: [] for name in order}
+    for j in range(k):
+        for name in order if j % 2 == 0 else order[::-1]:
+            got[name] += arms.block(name, 1)
+    return got
 
 
 def _own_memory(trainers: dict[str, Trainer], memory: dict) -> None:

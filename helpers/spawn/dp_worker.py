@@ -103,6 +103,7 @@ def pair_main(request: Path, rank: int, size: int) -> int:
     folder, plan = Path(req["folder"]), req["plan"]
     t0 = time.time()
     out = run_pair(ref, cand, folder, plan["block_steps"], plan["looks"][-1], lambda pairs: False,
+                   interleave=plan.get("interleave", "blocks"),
                    make_trainer=lambda cfg, run_dir: RankTrainer(cfg, run_dir, rank, size, None),
                    setup=lambda: join_process_group(cand), paired_file=f"paired_rank_{rank}.json")
     for arm in ("reference", "candidate"):

@@ -24,6 +24,7 @@ import numpy as np
 from scipy import stats
 
 DECISIONS = ("keep", "reject", "no change")
+INTERLEAVE = ("blocks", "steps")  # a pair's two blocks back to back, or woven together step by step
 
 
 def t_quantile(p: float, dof: int) -> float:
@@ -104,7 +105,8 @@ class SpeedPlan:
     block_steps: steps per block (paired path; the separate-process path uses them to cut each run's steady
     window into blocks); looks: increasing pair counts; alphas: error spent per look (Σ ≤ 0.01 keeps the A/A
     false-call rate ≤ 1% per round); floor: the smallest relative change called keep/reject (0.01 = 1%);
-    trim: fraction trimmed from each end of the pairs; rank: which fastest step of a block is its statistic.
+    trim: fraction trimmed from each end of the pairs; rank: which fastest step of a block is its statistic;
+    interleave: a pair's blocks back to back ("blocks") or woven step by step ("steps"; paired path only).
     """
     block_steps: int = 8
     looks: tuple[int, ...] = (8, 12)
@@ -112,6 +114,7 @@ class SpeedPlan:
     floor: float = 0.01
     trim: float = 0.2
     rank: int = 2
+    interleave: str = "blocks"
 
     def __post_init__(self):
         if len(self.looks) != len(self.alphas) or not self.looks:
@@ -122,6 +125,8 @@ class SpeedPlan:
             raise ValueError(f"alphas {self.alphas} must be positive and sum to <= 0.01 (1% false calls per round)")
         if not 0 <= self.floor <= 0.01:
             raise ValueError(f"floor={self.floor} must be in [0, 0.01] (a practical floor of at most 1%)")
+        if self.interleave not in INTERLEAVE:
+            raise ValueError(f"interleave={self.interleave!r} must be one of {', '.join(INTERLEAVE)}")
         if self.block_steps < self.rank:
             raise ValueError(f"block_steps={self.block_steps} must be >= rank={self.rank}")
 
@@ -137,11 +142,14 @@ class SpeedPlan:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
-# The defaults of a round. Paired: 8 steps per block (a nano step is ~45–70 ms, so a block is ~0.5 s and a pair
-# ~1 s: close enough in time that the same neighbours hit both arms), looks after 8 and 12 pairs. A 16-pair look
-# was dropped for the round's wall time: an A/A (which always runs to the last look) took 21.4 s with it, against
-# 37.0 s for a round at 7c15080, and the A/A half-width at 16 pairs (median ±1.35%) left room under the 2.5% goal.
-PAIRED_PLAN = SpeedPlan()
+# The defaults of a round. Paired: 8 steps per arm per pair (a nano step is ~45–70 ms, so a pair is ~1 s), the two
+# arms' steps woven one by one (interleave "steps"): a slow stretch of the machine that starts mid-pair then lands
+# on both arms alike. Measured here (session 6, 5 A/A and 5 +5% trials of each, alternating): A/A median half-width
+# at 12 pairs ±1.61% woven vs ±2.05% in back-to-back blocks (at 16 pairs ±1.05% vs ±1.60%), +5% called reject 5/5
+# vs 4/5, the same ratio estimate (×0.943). Looks after 8 and 12 pairs. A 16-pair look was dropped for the round's
+# wall time: an A/A (which runs to the last look unless its interval fits inside ±1%) took 21.4 s with it, against
+# 37.0 s for a round at 7c15080.
+PAIRED_PLAN = SpeedPlan(interleave="steps")
 # Separate processes (process-global variables): one pair = one run of each arm; a run costs seconds of start
 # and compile, so fewer, later looks. Three pairs are the fewest whose t interval is usable at this alpha.
 PROCESS_PLAN = SpeedPlan(block_steps=8, looks=(3, 4), alphas=(0.003, 0.007))
@@ -221,7 +229,8 @@ def conclude(log_ratios: Sequence[float], plan: SpeedPlan) -> Outcome:
 
 def rule_text(plan: SpeedPlan, path: str) -> str:
     """The speed rule with its numbers, as printed in a verdict."""
-    unit = "steps per block, ABBA blocks in one process" if path == "paired" else \
+    unit = ("steps of each arm per pair, woven step by step (ABBA) in one process" if plan.interleave == "steps"
+            else "steps per block, ABBA blocks in one process") if path == "paired" else \
         "runs per pair, ABBA runs in separate processes"
     looks = ", ".join(f"{n} pairs at {1 - a:.1%}" for n, a in zip(plan.looks, plan.alphas))
     return (f"speed ({path}: {plan.block_steps if path == 'paired' else 1} {unit}): per pair the tokens/s ratio "

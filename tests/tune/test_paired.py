@@ -103,6 +103,8 @@ def test_plan_refuses_an_error_budget_above_one_percent_and_a_floor_above_one_pe
         SpeedPlan(floor=0.02)
     with pytest.raises(ValueError, match="increasing"):
         SpeedPlan(looks=(12, 8), alphas=(0.005, 0.005))
+    with pytest.raises(ValueError, match="interleave='pairs' must be one of blocks, steps"):
+        SpeedPlan(interleave="pairs")
     assert SpeedPlan.from_dict(paired.PAIRED_PLAN.to_dict()) == paired.PAIRED_PLAN
 
 

@@ -121,6 +121,9 @@ def test_aa_check_decides_by_its_printed_interval(book):
         "candidate", "pair.log", "paired.json", "reference", "speed.json"]
     speed = json.loads((wb.path / "aa" / "01" / "speed.json").read_text())
     assert speed["verdict"]["decision"] == v.decision and len(speed["log_ratios"]) == v.pairs
+    raw = json.loads((wb.path / "aa" / "01" / "paired.json").read_text())  # the arms' steps woven one by one
+    assert raw["interleave"] == "steps" and len(raw["pairs"]) == v.pairs
+    assert all(len(r) == len(c) == raw["block_steps"] for r, c in raw["pairs"])
 
 
 def test_bad_rounds_are_refused_before_any_run(book):
