@@ -106,7 +106,9 @@ class SpeedPlan:
     window into blocks); looks: increasing pair counts; alphas: error spent per look (Σ ≤ 0.01 keeps the A/A
     false-call rate ≤ 1% per round); floor: the smallest relative change called keep/reject (0.01 = 1%);
     trim: fraction trimmed from each end of the pairs; rank: which fastest step of a block is its statistic;
-    interleave: a pair's blocks back to back ("blocks") or woven step by step ("steps"; paired path only).
+    interleave: a pair's blocks back to back ("blocks") or woven step by step ("steps"; paired path only);
+    futility: at a look before the last, an undecided interval that lies inside ±futility stops the round with
+    "no change" (no change of that size is there to find; stopping for it can only lower the false-call rate).
     """
     block_steps: int = 8
     looks: tuple[int, ...] = (8, 12)
@@ -115,6 +117,7 @@ class SpeedPlan:
     trim: float = 0.2
     rank: int = 2
     interleave: str = "blocks"
+    futility: float | None = None
 
     def __post_init__(self):
         if len(self.looks) != len(self.alphas) or not self.looks:
@@ -125,6 +128,8 @@ class SpeedPlan:
             raise ValueError(f"alphas {self.alphas} must be positive and sum to <= 0.01 (1% false calls per round)")
         if not 0 <= self.floor <= 0.01:
             raise ValueError(f"floor={self.floor} must be in [0, 0.01] (a practical floor of at most 1%)")
+        if self.futility is not None and not self.floor < self.futility < 1:
+            raise ValueError(f"futility={self.futility} must lie between the floor ({self.floor}) and 1")
         if self.interleave not in INTERLEAVE:
             raise ValueError(f"interleave={self.interleave!r} must be one of {', '.join(INTERLEAVE)}")
         if self.block_steps < self.rank:
@@ -146,10 +151,16 @@ class SpeedPlan:
 # arms' steps woven one by one (interleave "steps"): a slow stretch of the machine that starts mid-pair then lands
 # on both arms alike. Measured here (session 6, 5 A/A and 5 +5% trials of each, alternating): A/A median half-width
 # at 12 pairs ±1.61% woven vs ±2.05% in back-to-back blocks (at 16 pairs ±1.05% vs ±1.60%), +5% called reject 5/5
-# vs 4/5, the same ratio estimate (×0.943). Looks after 8 and 12 pairs. A 16-pair look was dropped for the round's
-# wall time: an A/A (which runs to the last look unless its interval fits inside ±1%) took 21.4 s with it, against
-# 37.0 s for a round at 7c15080.
-PAIRED_PLAN = SpeedPlan(interleave="steps")
+# vs 4/5, the same ratio estimate (×0.943).
+# Looks after 8 and 12 pairs carry almost all the error budget, so a quiet machine decides there (an A/A stops at
+# 12 with "no change" once its interval is inside ±3%: ~20 s a round, against 37–41 s at 7c15080). Looks at 24
+# and 48 pairs are for a busy machine: with a one-core hog the A/A half-width at 12 pairs was ±11–26%, and only
+# more pairs narrow it (roughly as 1/√pairs).
+PAIRED_PLAN = SpeedPlan(looks=(8, 12, 24, 48), alphas=(0.0025, 0.0055, 0.001, 0.001), interleave="steps",
+                        futility=0.03)
+# Data parallel paired rounds: every rank runs the last look's pairs (helpers/spawn/dp_worker.py), so the plan
+# there stops at 12.
+DP_PAIRED_PLAN = SpeedPlan(interleave="steps")
 # Separate processes (process-global variables): one pair = one run of each arm; a run costs seconds of start
 # and compile, so fewer, later looks. Three pairs are the fewest whose t interval is usable at this alpha.
 PROCESS_PLAN = SpeedPlan(block_steps=8, looks=(3, 4), alphas=(0.003, 0.007))
@@ -173,14 +184,16 @@ def decide(interval: Interval, floor: float) -> str | None:
 
 @dataclass
 class Look:
-    """One look: pairs so far, its interval and what it decided (None = go on)."""
+    """One look: pairs so far, its interval and what it decided (None = go on); futile: "no change" because the
+    undecided interval lay inside ±plan.futility before the last look."""
     pairs: int
     alpha: float
     interval: Interval
     decision: str | None
+    futile: bool = False
 
     def to_dict(self) -> dict:
-        return {"pairs": self.pairs, "alpha": self.alpha, "decision": self.decision,
+        return {"pairs": self.pairs, "alpha": self.alpha, "decision": self.decision, "futile": self.futile,
                 "interval": asdict(self.interval), "ratio": self.interval.ratio,
                 "ratio_low": self.interval.ratio_low, "ratio_high": self.interval.ratio_high,
                 "half_width": self.interval.half_width}
@@ -202,7 +215,11 @@ def look_at(log_ratios: Sequence[float], plan: SpeedPlan) -> Look | None:
         return None
     alpha = plan.alphas[plan.looks.index(n)]
     interval = trimmed_interval(log_ratios, alpha, plan.trim)
-    return Look(n, alpha, interval, decide(interval, plan.floor))
+    decision = decide(interval, plan.floor)
+    if decision is None and plan.futility is not None and n < plan.max_pairs and \
+            -math.log1p(plan.futility) <= interval.low and interval.high <= math.log1p(plan.futility):
+        return Look(n, alpha, interval, "no change", futile=True)
+    return Look(n, alpha, interval, decision)
 
 
 def should_stop(log_ratios: Sequence[float], plan: SpeedPlan) -> bool:
@@ -232,12 +249,13 @@ def rule_text(plan: SpeedPlan, path: str) -> str:
     unit = ("steps of each arm per pair, woven step by step (ABBA) in one process" if plan.interleave == "steps"
             else "steps per block, ABBA blocks in one process") if path == "paired" else \
         "runs per pair, ABBA runs in separate processes"
-    looks = ", ".join(f"{n} pairs at {1 - a:.1%}" for n, a in zip(plan.looks, plan.alphas))
+    looks = ", ".join(f"{n} pairs at {1 - a:.2%}" for n, a in zip(plan.looks, plan.alphas))
+    futile = "" if plan.futility is None else f" (or, before the last look, inside ±{plan.futility:.0%})"
     return (f"speed ({path}: {plan.block_steps if path == 'paired' else 1} {unit}): per pair the tokens/s ratio "
             f"of the blocks' {ordinal(plan.rank)}-fastest steps; {plan.trim:.0%}-trimmed mean of log ratios with "
             f"a Tukey–McLaughlin t interval; looks after {looks} (Σα = {sum(plan.alphas):.1%}); keep if the whole "
             f"interval is above +{plan.floor:.0%}, reject if below −{plan.floor:.0%}, no change if inside "
-            f"±{plan.floor:.0%} or when the last look is undecided")
+            f"±{plan.floor:.0%}{futile} or when the last look is undecided")
 
 
 def ordinal(n: int) -> str:

@@ -38,7 +38,7 @@ from helpers.record import (SUMMARY_FILE, RecordError, RunRecord, atomic_write_j
 from helpers.run.memory import default_memory_limit, memory_label
 from helpers.spawn.paired import launch_pair
 from helpers.spawn.runner import launch
-from helpers.tune.paired import (PAIRED_PLAN, PROCESS_PLAN, SpeedPlan, conclude, log_ratios, pair_log_ratio,
+from helpers.tune.paired import (DP_PAIRED_PLAN, PAIRED_PLAN, PROCESS_PLAN, SpeedPlan, conclude, log_ratios, pair_log_ratio,
                                  run_stat, should_stop)
 from helpers.tune.rules import (Verdict, failed, judge, judge_convergence, judge_time_to_target, loss_gate_for,
                                 unfinished)
@@ -329,7 +329,8 @@ class Workbook:
         path, why = speed_path(changes, ref_cfg)
         if not changes and path == PAIRED:
             why = "an A/A check: the best against itself, both in one process"
-        plan = PAIRED_PLAN if path == PAIRED else PROCESS_PLAN
+        plan = (DP_PAIRED_PLAN if ref_cfg.parallel.data_parallel > 1 else PAIRED_PLAN) if path == PAIRED else \
+            PROCESS_PLAN
         tokens = [c.batch_size * c.grad_accum_steps * c.model.seq_len for c in (ref_cfg, cand_cfg)]
         t0 = time.perf_counter()
         speed = {"path": path, "why": why, "plan": plan.to_dict(), "tokens_per_step": tokens}

@@ -168,7 +168,8 @@ def judge(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], baseli
     verdict = "reject" if over_memory or worse_loss else speed.decision
     speed_part = {"keep": f"above +{plan.floor:.0%}", "reject": f"below −{plan.floor:.0%}",
                   "no change": (f"straddles ±{plan.floor:.0%} at the last look (budget spent)" if speed.budget_spent
-                                else f"inside ±{plan.floor:.0%}")}[speed.decision]
+                                else f"inside ±{plan.futility:.0%}, so no change of that size (stopped before the "
+                                     f"last look)" if look.futile else f"inside ±{plan.floor:.0%}")}[speed.decision]
     loss_part = (f"loss drift {drift:+.1%} {'beyond' if worse_loss else 'within'} gate {gate:.1%}"
                  + (" (lower loss allowed)" if drift < -gate else ""))
     hits = [w for w, hit in (("over the memory limit", over_memory), ("loss worse at equal tokens", worse_loss))

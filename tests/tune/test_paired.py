@@ -86,6 +86,28 @@ def test_looks_and_stopping():
         conclude(faster[:5], plan)
 
 
+def test_futility_stops_a_small_undecided_interval_before_the_last_look():
+    small = [0.01 + 0.004 * (-1) ** i for i in range(16)]  # +1% ± 0.4%: straddles the floor, inside ±3%
+    plan = SpeedPlan(looks=(8, 16), alphas=(0.005, 0.005), futility=0.03)
+    first = look_at(small[:8], plan)
+    assert first.decision is None or first.futile  # undecided by the floor, so only futility can stop it
+    assert math.log1p(-0.03) <= first.interval.low and first.interval.high <= math.log1p(0.03)
+    assert should_stop(small[:8], plan)
+    out = conclude(small, plan)
+    assert (out.decision, out.look.pairs, out.look.futile, out.budget_spent) == ("no change", 8, True, False)
+    assert out.look.to_dict()["futile"] is True
+    without = conclude(small, SpeedPlan(looks=(8, 16), alphas=(0.005, 0.005)))  # no futility: to the last look
+    assert (without.decision, without.look.pairs, without.budget_spent) == ("no change", 16, True)
+    wide = [0.01 + 0.04 * (-1) ** i for i in range(16)]  # ±4%: not inside ±3%, so it goes on
+    assert not should_stop(wide[:8], plan)
+    last = conclude(wide, plan)  # the last look is never futile: undecided there is "budget spent"
+    assert (last.look.pairs, last.look.futile, last.budget_spent) == (16, False, True)
+    with pytest.raises(ValueError, match="futility=0.01 must lie between the floor"):
+        SpeedPlan(futility=0.01)
+    assert paired.PAIRED_PLAN.futility == 0.03 and paired.PAIRED_PLAN.interleave == "steps"
+    assert paired.DP_PAIRED_PLAN.max_pairs == 12  # every data-parallel rank runs the last look's pairs
+
+
 def test_sequential_looks_keep_the_aa_false_call_rate_at_most_one_percent():
     """Simulated A/A rounds (no true difference; heavy-tailed pair noise, t with 3 dof): the share called keep or
     reject over all looks must stay ≤ 1% — the union bound over the spent alphas, despite stopping early."""
