@@ -38,8 +38,8 @@ from helpers.record import (SUMMARY_FILE, RecordError, RunRecord, atomic_write_j
 from helpers.run.memory import default_memory_limit, memory_label
 from helpers.spawn.paired import launch_pair
 from helpers.spawn.runner import launch
-from helpers.tune.paired import (DP_PAIRED_PLAN, PAIRED_PLAN, PROCESS_PLAN, SpeedPlan, conclude, log_ratios, pair_log_ratio,
-                                 run_stat, should_stop)
+from helpers.tune.paired import (DP_PAIRED_PLAN, PAIRED_PLAN, PROCESS_PLAN, SpeedPlan, conclude, log_ratios,
+                                 pair_log_ratio, run_stat, should_stop)
 from helpers.tune.rules import (Verdict, failed, judge, judge_convergence, judge_time_to_target, loss_gate_for,
                                 unfinished)
 from helpers.tune.speed_path import PAIRED, speed_path
