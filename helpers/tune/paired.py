@@ -177,9 +177,12 @@ def decide(interval: Interval, floor: float) -> str | None:
         return "keep"
     if interval.high < -f:
         return "reject"
-    if -f <= interval.low and interval.high <= f:
-        return "no change"
-    return None
+    return "no change" if inside(interval, floor) else None
+
+
+def inside(interval: Interval, bound: float) -> bool:
+    """The whole interval lies within ±bound (a relative change, 0.03 = ±3%; compared as ln(1 + bound))."""
+    return -math.log1p(bound) <= interval.low and interval.high <= math.log1p(bound)
 
 
 @dataclass
@@ -216,8 +219,7 @@ def look_at(log_ratios: Sequence[float], plan: SpeedPlan) -> Look | None:
     alpha = plan.alphas[plan.looks.index(n)]
     interval = trimmed_interval(log_ratios, alpha, plan.trim)
     decision = decide(interval, plan.floor)
-    if decision is None and plan.futility is not None and n < plan.max_pairs and \
-            -math.log1p(plan.futility) <= interval.low and interval.high <= math.log1p(plan.futility):
+    if decision is None and plan.futility is not None and n < plan.max_pairs and inside(interval, plan.futility):
         return Look(n, alpha, interval, "no change", futile=True)
     return Look(n, alpha, interval, decision)
 
