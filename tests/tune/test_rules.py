@@ -30,7 +30,7 @@ def test_a_clear_gain_is_kept_and_the_reason_prints_estimator_interval_pairs_and
     assert v.interval[0] > 1.01 and v.speedup == pytest.approx(1.0513, abs=1e-3)
     assert "tokens/s ×1.051 (+5.1%), 99.7% interval ×1.04" in v.reason and "after 8 pairs (paired;" in v.reason
     assert "20%-trimmed mean of per-pair log ratios of 2nd-fastest steps" in v.reason
-    assert v.reason.endswith("→ keep") and "looks after 8 pairs at 99.7%" in v.rule
+    assert v.reason.endswith("→ keep") and "looks after 8 pairs at 99.70%" in v.rule
 
 
 def test_loss_and_memory_gates_override_the_speed_decision():
