@@ -210,6 +210,8 @@ class Trainer:
         """Load the resume checkpoint into the step Cells; return the last finished step."""
         import mindspore as ms
         _, ckpt = _resume_source(self.cfg.resume_from)
+        for part in ckpt.parent.glob(".tmp_step_*"):  # a partial write of the killed attempt, never a checkpoint
+            part.unlink(missing_ok=True)
         params = ms.load_checkpoint(str(ckpt))
         step = int(params.pop("step").asnumpy())
         params.pop("learning_rate", None)
