@@ -83,10 +83,14 @@ def _show(bar, label: str, line: str) -> None:
     bar.refresh()
 
 
-def profile_run(cfg: Config, run_dir, window: int = 20, progress: bool = True):
-    """Train `cfg` once more in its own process with a profiler window of up to `window` steady steps
-    (at most half of them, so unprofiled steps remain to measure the profiler's overhead); returns the
-    RunRecord, whose profile `load_profile(record.path)` reads."""
+def with_profiler(cfg: Config, window: int) -> Config:
+    """`cfg` with a profiler window of up to `window` steady steps: at most half of them, so unprofiled steps
+    remain to measure speed (and the profiler's overhead against)."""
     window = max(1, min(window, (cfg.steps - cfg.steady_after) // 2))
-    cfg = config_mod.with_changes(cfg, {"monitor.profile_steps": window, "monitor.profile_start": 0})
-    return launch(cfg, run_dir, progress=progress, desc="profiled")
+    return config_mod.with_changes(cfg, {"monitor.profile_steps": window, "monitor.profile_start": 0})
+
+
+def profile_run(cfg: Config, run_dir, window: int = 20, progress: bool = True):
+    """Train `cfg` once more in its own process with a profiler window (`with_profiler`); returns the
+    RunRecord, whose profile `load_profile(record.path)` reads."""
+    return launch(with_profiler(cfg, window), run_dir, progress=progress, desc=f"profiled {Path(run_dir).name}")

@@ -1,20 +1,26 @@
 """Operator-fusion rounds: which operators a model change removed, shrank or added, from profiled runs.
 
-Each run of a fusion round trains with a profiler window (`monitor.profile_steps`), so `profile/op_table.csv`
-holds ms per step by operator type; the shift between reference and candidate shows *why* tokens/s moved
-(e.g. `model.qkv=fused_slice → fused`: StridedSlice/StridedSliceGrad vanish, Split/Concat appear).
+A fusion round is judged like any speed round (unprofiled, paired blocks in one process: the profiler is
+process-wide and costs step time). Then each arm trains once more in its own process with a profiler window
+(`profile_arms`), so its `profile/op_table.csv` holds ms per step by operator type; the shift between reference
+and candidate shows *why* tokens/s moved (e.g. `model.qkv=fused_slice → fused`: StridedSlice/StridedSliceGrad
+vanish, Split/Concat appear).
 """
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Iterable, Union
 
 import numpy as np
 import pandas as pd
 
-from helpers.config import Config, with_changes
-from helpers.run.profile import load_profile
-from helpers.record import RunRecord
+from helpers import config as config_mod
+from helpers.config import Config
+from helpers.run.profile import PROFILE_DIR, PROFILE_JSON, load_profile
+from helpers.record import RecordError, RunRecord, load_run
+from helpers.spawn.runner import profile_run, with_profiler
+from helpers.tune.ledger import RoundError
 from helpers.tune.study import base_config
 
 Runs = Union[str, os.PathLike, RunRecord, Iterable[Union[str, os.PathLike, RunRecord]]]
@@ -28,16 +34,50 @@ PLAIN_FORMULATION = {"model.kernels": "mindspore", "model.norm_backward": "minds
                      "grad_norm": "per_tensor"}
 
 
-def fusion_base(preset: str, steps: int, corpus: str, profile_steps: int, qkv: str = "fused_slice",
+def fusion_base(preset: str, steps: int, corpus: str, qkv: str = "fused_slice",
                 formulation: dict | None = None) -> Config:
-    """The notebooks' base config (`study.base_config`) with `model.qkv`, the `formulation` keys (default
-    PLAIN_FORMULATION, so formulation and kernel rounds have something to beat) and a profiler window of
-    `profile_steps` steady steps — at most half of them: profiled steps are left out of tokens/s, so the other
-    half measures speed (and the profiler's overhead against)."""
+    """The notebooks' base config (`study.base_config`) with `model.qkv` and the `formulation` keys (default
+    PLAIN_FORMULATION, so formulation and kernel rounds have something to beat); unprofiled (see
+    `profile_arms`)."""
     changes = {"model.qkv": qkv, **(PLAIN_FORMULATION if formulation is None else formulation)}
-    cfg = base_config(preset, steps, corpus, changes)
-    window = max(1, min(profile_steps, (steps - cfg.steady_after) // 2))
-    return with_changes(cfg, {"monitor.profile_steps": window})
+    return base_config(preset, steps, corpus, changes)
+
+
+def _profiled_dir(result) -> Path:
+    return Path(result.rollback).parent / "profiled"
+
+
+def _reusable(run_dir: Path, cfg: Config) -> RunRecord | None:
+    """The finished, profiled record of `cfg` (a profiled config) already in run_dir, else None."""
+    try:
+        record = load_run(run_dir)
+    except RecordError:
+        return None
+    same = config_mod.dump(record.config) == config_mod.dump(config_mod.absolute_paths(cfg))
+    return record if record.status == "ok" and same and (run_dir / PROFILE_DIR / PROFILE_JSON).is_file() else None
+
+
+def profile_arms(result, window: int = 8, progress: bool = True) -> tuple[RunRecord, RunRecord]:
+    """(reference, candidate): one more run of each arm of a round, each in its own process with a profiler window
+    of up to `window` steady steps (`runner.profile_run`), under `<round>/profiled/`. A finished profiled run of
+    the same config already there is reused, so rerunning the notebook trains nothing twice."""
+    arms = []
+    for role, runs in (("reference", result.reference_runs), ("candidate", result.candidate_runs)):
+        if not runs:
+            raise RoundError(f"round {result.name!r} has no {role} run (decision {result.decision}); "
+                             f"there is no arm to profile")
+        cfg = load_run(runs[0]).config
+        run_dir = _profiled_dir(result) / role
+        arms.append(_reusable(run_dir, with_profiler(cfg, window)) or profile_run(cfg, run_dir, window, progress))
+    return arms[0], arms[1]
+
+
+def best_profile(results: list, arms: list[tuple[RunRecord, RunRecord]]) -> RunRecord:
+    """The profiled run of the best after `results` (rounds in order, `arms` their `profile_arms`): the last
+    round's candidate if it was kept, else its reference (the best it was measured against)."""
+    if not results:
+        raise RoundError("no fusion round was run, so there is no profiled best; add a round to fusion_rounds")
+    return arms[-1][1] if results[-1].decision == "keep" else arms[-1][0]
 
 
 def _paths(runs: Runs) -> list:
@@ -93,8 +133,10 @@ def op_table_shift(ref_runs: Runs, cand_runs: Runs, min_ms: float = 0.0) -> pd.D
 
 
 def round_op_shift(result, min_ms: float = 0.0) -> pd.DataFrame:
-    """`op_table_shift` of a round: its reference runs (before) against its candidate runs (after)."""
-    return op_table_shift(result.reference_runs, result.candidate_runs, min_ms)
+    """`op_table_shift` of a round: its profiled reference (before) against its profiled candidate (after), as
+    `profile_arms(result)` left them; RecordError (one line) before that."""
+    folder = _profiled_dir(result)
+    return op_table_shift(folder / "reference", folder / "candidate", min_ms)
 
 
 def shift_summary(shift: pd.DataFrame) -> str:

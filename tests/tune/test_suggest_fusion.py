@@ -9,7 +9,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from helpers.spawn.runner import profile_run
-from helpers.tune.fusion import fusion_base, op_table_shift, round_op_shift, shift_summary
+from helpers.tune.fusion import best_profile, fusion_base, op_table_shift, profile_arms, round_op_shift, shift_summary
 from helpers.book.plots import op_shift_plot
 from helpers.record import load_run
 from helpers.tune.rounds import Workbook
@@ -54,8 +54,8 @@ def test_memorised_text_flattens_effective_throughput_into_a_batch_round(tmp_pat
 
 def test_op_table_shift_shows_strided_slices_vanish(tmp_path, small_corpus):
     """fused_slice → fused on two real profiled runs: the op-table shift the fusion notebook shows per round."""
-    runs = {qkv: profile_run(fusion_base("tiny", 14, str(small_corpus), 6, qkv), tmp_path / qkv, progress=False)
-            for qkv in ("fused_slice", "fused")}
+    runs = {qkv: profile_run(fusion_base("tiny", 14, str(small_corpus), qkv), tmp_path / qkv, window=6,
+                             progress=False) for qkv in ("fused_slice", "fused")}
     shift = op_table_shift([runs["fused_slice"]], [runs["fused"]]).set_index("op")
     assert shift.loc["StridedSlice", "flag"] == "vanished" and shift.loc["StridedSlice", "ms/step after"] == 0
     assert shift.loc["StridedSlice", "calls/step before"] > 0 and shift.loc["Split", "flag"] == "new"
@@ -65,13 +65,22 @@ def test_op_table_shift_shows_strided_slices_vanish(tmp_path, small_corpus):
 
 def test_fusion_notebook_shows_the_op_shift_next_to_tokens_per_s(notebooks_run):
     """Notebook 12 as a user runs it (the shared run of every notebook with its defaults: the native-kernels
-    round, profiled): the round's verdict in tokens/s, its op-table shift and its plot in the outputs."""
+    round, judged paired and unprofiled, then one profiled run per arm): the round's verdict in tokens/s, its
+    op-table shift and its plot in the outputs; profiling the arms again reuses those runs."""
     root, failures = notebooks_run
     assert "12_operator_fusion" not in failures, failures
     (result,) = Workbook.open(study_dir(root / "workbooks" / "default", "fusion")).rounds()
     assert result.changes == {"model.kernels": ("mindspore", "native")} and "tokens/s" in result.verdict.reason
+    assert result.verdict.path == "paired"
     flags = set(round_op_shift(result)["flag"])
     assert {"vanished", "new"} <= flags  # MindSpore's LayerNorm/GeLU ops leave, the custom kernels arrive
+    summaries = sorted((result.rollback.parent / "profiled").rglob("summary.json"))
+    stamps = [p.stat().st_mtime_ns for p in summaries]
+    ref, cand = profile_arms(result, progress=False)  # nothing trains: the notebook's profiled runs are reused
+    assert len(summaries) == 2 and [p.stat().st_mtime_ns for p in summaries] == stamps
+    assert cand.config.model.kernels == "native" and ref.config.model.kernels == "mindspore"
+    assert ref.config.monitor.profile_steps > 0 and cand.config.monitor.profile_steps > 0
+    assert best_profile([result], [(ref, cand)]).path == (cand.path if result.decision == "keep" else ref.path)
     text = "".join(str(o) for c in nbformat.read(str(root / "notebooks" / "out_12_operator_fusion.ipynb"),
                                                   as_version=4).cells for o in c.get("outputs", []))
     assert "vanished" in text and "image/png" in text and "tokens/s" in text
