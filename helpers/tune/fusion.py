@@ -19,7 +19,7 @@ from helpers import config as config_mod
 from helpers.config import Config
 from helpers.run.profile import PROFILE_DIR, PROFILE_JSON, load_profile
 from helpers.record import RecordError, RunRecord, load_run
-from helpers.spawn.runner import profile_run, with_profiler
+from helpers.spawn.runner import launch, with_profiler
 from helpers.tune.ledger import RoundError
 from helpers.tune.study import base_config
 
@@ -59,16 +59,16 @@ def _reusable(run_dir: Path, cfg: Config) -> RunRecord | None:
 
 def profile_arms(result, window: int = 8, progress: bool = True) -> tuple[RunRecord, RunRecord]:
     """(reference, candidate): one more run of each arm of a round, each in its own process with a profiler window
-    of up to `window` steady steps (`runner.profile_run`), under `<round>/profiled/`. A finished profiled run of
+    of up to `window` steady steps (`runner.with_profiler`), under `<round>/profiled/`. A finished profiled run of
     the same config already there is reused, so rerunning the notebook trains nothing twice."""
     arms = []
     for role, runs in (("reference", result.reference_runs), ("candidate", result.candidate_runs)):
         if not runs:
             raise RoundError(f"round {result.name!r} has no {role} run (decision {result.decision}); "
                              f"there is no arm to profile")
-        cfg = load_run(runs[0]).config
+        profiled = with_profiler(load_run(runs[0]).config, window)
         run_dir = _profiled_dir(result) / role
-        arms.append(_reusable(run_dir, with_profiler(cfg, window)) or profile_run(cfg, run_dir, window, progress))
+        arms.append(_reusable(run_dir, profiled) or launch(profiled, run_dir, progress, f"profiled {role}"))
     return arms[0], arms[1]
 
 
@@ -134,8 +134,11 @@ def op_table_shift(ref_runs: Runs, cand_runs: Runs, min_ms: float = 0.0) -> pd.D
 
 def round_op_shift(result, min_ms: float = 0.0) -> pd.DataFrame:
     """`op_table_shift` of a round: its profiled reference (before) against its profiled candidate (after), as
-    `profile_arms(result)` left them; RecordError (one line) before that."""
+    `profile_arms(result)` left them; RoundError (one line) before that."""
     folder = _profiled_dir(result)
+    if not all((folder / role).is_dir() for role in ("reference", "candidate")):
+        raise RoundError(f"round {result.name!r} has no profiled arms in {str(folder)!r}; run "
+                         f"profile_arms(result) first (one profiled run of each arm)")
     return op_table_shift(folder / "reference", folder / "candidate", min_ms)
 
 
