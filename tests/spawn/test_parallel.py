@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helpers.config import ConfigError, from_dict
-from helpers.spawn.msrun import check_port, free_port, msrun_command
+from helpers.spawn.msrun import LOCAL_RETRY_S, _msrun_env, check_port, free_port, msrun_command
 from helpers.book.planner import GB, MODELS, Strategy, eight_by_40gb, estimate, recommend
 from helpers.record import load_run
 from tests.conftest import run_cli, tiny_args
@@ -58,6 +58,15 @@ def test_msrun_command_for_two_nodes():
     assert cmd[:7] == ["msrun", "--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1",
                        "--master_port=8118", "--node_rank=1", "--log_dir=runs/x/msrun_logs"]
     assert cmd[7:] == ["--join=True", "helpers/spawn/dp_worker.py", "--config", "c.yaml", "--out", "runs/x"]
+
+
+def test_local_msrun_gets_short_cluster_retries_unless_the_caller_set_them(monkeypatch):
+    for key in LOCAL_RETRY_S:
+        monkeypatch.delenv(key, raising=False)
+    env = _msrun_env()
+    assert {k: env[k] for k in LOCAL_RETRY_S} == {"MS_RETRY_INTERVAL_LOWER": "0", "MS_RETRY_INTERVAL_UPPER": "1"}
+    monkeypatch.setenv("MS_RETRY_INTERVAL_UPPER", "5")
+    assert _msrun_env()["MS_RETRY_INTERVAL_UPPER"] == "5"
 
 
 def test_planner_reproduces_7b_hand_arithmetic():
