@@ -152,6 +152,25 @@ def test_prepare_split_sizes(corpus_file, tmp_path):
     assert Tokenizer.load(tmp_path / "run" / "tokenizer.json").vocab_size == prep.tokenizer.vocab_size
 
 
+def test_bpe_tokens_come_from_the_cache_the_second_time(corpus_file, tmp_path, monkeypatch):
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
+    cfg = _cfg(corpus_file, **{"data.tokenizer": "bpe", "data.vocab_size": 300})
+    first = prepare(cfg, tmp_path / "a")
+    assert len(list((tmp_path / "cache" / "tokens").glob("*.npz"))) == 1
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("BPE was trained again")
+    monkeypatch.setattr(data._BpeTokenizer, "train", no_training)
+    second = prepare(cfg, tmp_path / "b")
+    assert np.array_equal(first.train_tokens, second.train_tokens)
+    assert np.array_equal(first.val_tokens, second.val_tokens)
+    assert second.tokenizer.decode(second.val_tokens) == first.text_val
+    assert (tmp_path / "b" / "tokenizer.json").read_text() == (tmp_path / "a" / "tokenizer.json").read_text()
+    # another split is another key: trained again
+    with pytest.raises(AssertionError, match="trained again"):
+        prepare(_cfg(corpus_file, **{"data.tokenizer": "bpe", "data.vocab_size": 300, "data.val_fraction": 0.2}))
+
+
 @pytest.mark.parametrize("text, part", [("short text", "train"), (_words(60), "validation")])
 def test_corpus_shorter_than_seq_len(tmp_path, text, part):
     path = tmp_path / "small.txt"
