@@ -62,14 +62,16 @@ def run_rounds(wb, rounds: dict[str, dict[str, Any]], progress: bool = True) -> 
     return [wb.run_round(name, changes, progress=progress) for name, changes in rounds.items()]
 
 
-def compile_cache_runs(cfg: Config, out_dir: str | os.PathLike,
-                       progress: bool = True) -> dict[str, list[RunRecord]]:
+def compile_cache_runs(cfg: Config, out_dir: str | os.PathLike, progress: bool = True,
+                       steps: int | None = None) -> dict[str, list[RunRecord]]:
     """Two runs in separate processes with the compile cache on, the first into an empty cache folder:
-    {'cold cache': [record], 'warm cache': [record]}; their summaries' compile_s is the first step (s)."""
+    {'cold cache': [record], 'warm cache': [record]}; their summaries' compile_s is the first step (s).
+    steps: steps per run instead of cfg's (the first step is the compile; the rest give the steady step time)."""
     out = Path(out_dir)
     cache = out / "compile_cache"
     shutil.rmtree(cache, ignore_errors=True)
-    cached = with_changes(cfg, {"compile_cache": True, "compile_cache_path": str(cache)})
+    cached = with_changes(cfg, {"compile_cache": True, "compile_cache_path": str(cache),
+                                **({"steps": steps} if steps is not None else {})})
     return {f"{kind} cache": [launch(cached, out / kind, progress=progress, desc=f"compile cache {kind}")]
             for kind in ("cold", "warm")}
 

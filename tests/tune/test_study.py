@@ -11,10 +11,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_warm_run_loads_the_cold_runs_graphs_and_a_changed_graph_does_not(tmp_path, small_corpus):
-    cfg = base_config("tiny", 8, str(small_corpus))
-    runs = compile_cache_runs(cfg, tmp_path, progress=False)
+    cfg = base_config("tiny", 12, str(small_corpus))
+    runs = compile_cache_runs(cfg, tmp_path, progress=False, steps=8)
     (cold,), (warm,) = runs["cold cache"], runs["warm cache"]
     assert cold.status == warm.status == "ok"
+    assert cold.summary["steps"] == warm.summary["steps"] == 8
     assert compile_cache_reused(tmp_path, warm)
     assert warm.summary["loss_last"] < warm.summary["loss_first"], "a warm-cache run must still train"
     # a different graph (another batch shape) misses the cache and compiles again: the check can say no
