@@ -1,7 +1,8 @@
 """A run's fixed cost (what it pays before its first steady step) and the per-config compile-cache folder.
 
 `fixed_cost_s` in summary.json, seconds: `start` (process creation → the run begins: interpreter start and our
-imports; meaningful in a run's own process, as `launch` and the CLI start it), `data` (corpus read/tokenized or
+imports; meaningful in a run's own process, as `launch` and the CLI start it; a child of the zygote is created by
+its fork, after those imports: `process_start` in summary.json says which), `data` (corpus read/tokenized or
 taken from the cache), `import` (importing MindSpore and setting its context), `peak` (the matmul peak FLOP/s,
 measured only when the cached one is stale), `build` (datasets, model, step Cells), `compile` (first step minus the
 median steady step: graph compile and first-call set-up).
@@ -9,6 +10,7 @@ median steady step: graph compile and first-call set-up).
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,10 +23,29 @@ from helpers.paths import DATA_CACHE
 _NOT_IN_GRAPH = ("compile_cache", "compile_cache_path", "resume_from", "target_val_loss", "max_time_s")
 
 
+# Set in a child forked from the zygote (helpers/spawn/zygote.py): the pid of the parent that had MindSpore imported.
+FORKED_FROM: int | None = None
+
+
+def process_start() -> str:
+    """How this process began, for the record: 'forked' (from the zygote: interpreter, our imports and MindSpore's
+    import were done before the fork, so `start` and `import` are small) or 'fresh' (its own interpreter)."""
+    return "forked" if FORKED_FROM is not None else "fresh"
+
+
 def process_age_s() -> float:
-    """Seconds since this process was created (wall clock)."""
-    import psutil
-    return max(0.0, time.time() - psutil.Process().create_time())
+    """Seconds since this process was created (fork or exec), to the kernel's clock tick (10 ms).
+
+    On Linux both ends are counted from boot (/proc/self/stat's start tick, CLOCK_BOOTTIME): psutil's
+    create_time adds the boot time, which Linux gives in whole seconds, and read ~0.5 s too old here (a fresh
+    interpreter's first line at "0.53 s")."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            started_tick = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command name
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started_tick / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        import psutil
+        return max(0.0, time.time() - psutil.Process().create_time())
 
 
 def compile_cache_dir(cfg: Config, graph_key: str = "") -> Path:
