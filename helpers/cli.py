@@ -123,6 +123,12 @@ def cmd_pair(args) -> int:
     return 0 if out["status"] != "failed" else 1
 
 
+def cmd_zygote(args) -> int:
+    """The zygote of helpers/spawn/zygote.py: each child it forks runs `main(argv)`, as `python -m helpers` would."""
+    from helpers.spawn.zygote import serve
+    return serve(args.fd, main)
+
+
 def cmd_show(args) -> int:
     print(show_table(load_run(args.run_dir)))
     return 0
@@ -239,6 +245,10 @@ def parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("pair", help="(internal) a paired round's process: reference and candidate in ABBA blocks")
     pr.add_argument("--request", required=True, help="JSON: reference, candidate (config files), folder, plan")
     pr.set_defaults(func=cmd_pair)
+
+    z = sub.add_parser("zygote", help="(internal) preload MindSpore, then fork one training child per request")
+    z.add_argument("--fd", type=int, required=True, help="the Unix socket its caller passed")
+    z.set_defaults(func=cmd_zygote)
 
     s = sub.add_parser("show", help="print a run's summary table")
     s.add_argument("run_dir")

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import nbformat
@@ -208,8 +209,9 @@ def test_killing_the_round_process_leaves_no_entry_and_the_rerun_moves_leftovers
     before = (wb.path / "ledger.jsonl").read_text()
     script = ("import sys\nfrom helpers.tune.rounds import Workbook\n"
               f"Workbook.open(sys.argv[1]).run_round('r', {SLOW!r}, progress=False)\n")
-    # The killed orchestrator's training child is orphaned; as a subreaper this process inherits and reaps it
-    # (PID 1 here does not), so it does not linger as a zombie that still reads as 'running'.
+    # The killed orchestrator's training child (forked by its zygote, helpers/spawn/zygote.py) is orphaned; as a
+    # subreaper this process inherits and reaps it (PID 1 here does not), so it does not linger as a zombie that
+    # still reads as 'running'.
     libc = ctypes.CDLL(None)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     orchestrator = subprocess.Popen([sys.executable, "-c", script, str(wb.path)], cwd=REPO,
@@ -219,10 +221,10 @@ def test_killing_the_round_process_leaves_no_entry_and_the_rerun_moves_leftovers
         assert wait_for(lambda: (cand / "metrics.csv").is_file(), 120), "the candidate never started training"
         child = json.loads((cand / "summary.json").read_text())["pid"]
     finally:
-        os.killpg(orchestrator.pid, signal.SIGKILL)  # the orchestrator and its training child, mid-round
+        os.killpg(orchestrator.pid, signal.SIGKILL)  # the orchestrator, its zygote and training child, mid-round
         orchestrator.wait()
         try:
-            os.waitpid(child, 0)
+            _reap_orphan(child)
         finally:
             libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
     assert (wb.path / "ledger.jsonl").read_text() == before  # the round never happened, as far as it knows
@@ -235,6 +237,20 @@ def test_killing_the_round_process_leaves_no_entry_and_the_rerun_moves_leftovers
     (aside,) = (wb.path / "interrupted").iterdir()
     assert aside.name.startswith("rounds_01_r-") and load_run(aside / "candidate_1").status == "interrupted"
     assert len((wb.path / "ledger.jsonl").read_text().splitlines()) == len(before.splitlines()) + 1
+
+
+def _reap_orphan(pid: int, timeout_s: float = 30.0) -> None:
+    """Wait for `pid` once it is ours: it comes to this subreaper only when its parent (the zygote) has finished
+    exiting, which can be just after the orchestrator's wait returns."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            break
+        except ChildProcessError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def test_ledger_append_refused_by_the_disk_leaves_no_half_line(tmp_path):

@@ -21,7 +21,7 @@ from helpers.run.metrics import Ema, rss_bytes, summarize
 from helpers.run.memory import DeviceMemory, memory_source
 from helpers.run.monitors import effective_max_grad_norm
 from helpers.run.kernels import resolve_kernels
-from helpers.run.startup import FixedCost, compile_cache_dir
+from helpers.run.startup import FixedCost, compile_cache_dir, process_start
 from helpers.run.profile import window_steps
 from helpers.record import RecordError, RecordWriter, load_run, read_metric_rows, write_failure, METRICS_FILE
 
@@ -378,7 +378,7 @@ class Trainer:
         first = [r for r in self.writer.rows if r["step"] == start_step]
         fixed = self.fixed_cost.summary(first, stats.get("step_time_ms")) if hasattr(self, "fixed_cost") else None
         summary = {**base, **stats, **self.extra_summary, "n_params": getattr(self, "n_params", None),
-                   "fixed_cost_s": fixed,
+                   "fixed_cost_s": fixed, "process_start": process_start(),
                    "tokens_per_step": self.cfg.batch_size * self.cfg.grad_accum_steps * self.cfg.model.seq_len,
                    # one process: no collective in the step; data-parallel runs get it measured by rankmerge
                    "comm_step_share": 0.0 if self.cfg.parallel.data_parallel == 1 else None,

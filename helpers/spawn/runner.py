@@ -15,6 +15,7 @@ from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import REPO_ROOT, absolute
 from helpers.run.rows import decode_row
+from helpers.spawn import zygote
 from helpers.spawn.live import publish
 from helpers.record import RecordError, load_run
 
@@ -63,7 +64,12 @@ def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc:
 
 def stream_child(cmd: list[str], log_path: Path, on_line, timeout_s: float | None = None) -> int:
     """Run a helpers child process in the repository: each stdout line to `on_line`, stderr appended to
-    `log_path`; returns its exit code."""
+    `log_path`; returns its exit code. `python -m helpers ...` is forked from the zygote (MindSpore preloaded,
+    `zygote.py`) unless it is off or fails, then it is a fresh process."""
+    if cmd[:3] == [sys.executable, "-m", "helpers"]:
+        code = zygote.run_forked(cmd[3:], child_env(), on_line, log_path, timeout_s)
+        if code is not None:
+            return code
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=child_env(), cwd=REPO_ROOT, text=True)
         for line in proc.stdout:

@@ -1,0 +1,65 @@
+"""Runs forked from the zygote: one zygote serves many runs, is replaced when the environment or the code changes,
+passes exit codes and stderr through, and a zygote that cannot start leaves runs to fresh processes."""
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from helpers.spawn import zygote
+from helpers.spawn.runner import launch, stream_child
+from helpers.tune.study import base_config
+
+pytestmark = pytest.mark.slow
+
+
+def _cfg(corpus):
+    return base_config("tiny", 6, str(corpus), {"steady_after": 2})
+
+
+def _zygote_pid() -> int:
+    return zygote._current.proc.pid
+
+
+def test_runs_fork_from_one_zygote_until_environment_or_code_changes(tmp_path, small_corpus, monkeypatch):
+    monkeypatch.delenv(zygote.SWITCH_ENV, raising=False)
+    first = launch(_cfg(small_corpus), tmp_path / "a", progress=False)
+    pid = _zygote_pid()
+    second = launch(_cfg(small_corpus), tmp_path / "b", progress=False)
+    assert first.status == second.status == "ok"
+    assert first.summary["process_start"] == second.summary["process_start"] == "forked"
+    assert _zygote_pid() == pid, "the second run must come from the same zygote"
+    assert second.summary["fixed_cost_s"]["import"] < 0.2  # MindSpore was imported before the fork
+
+    monkeypatch.setenv("WORKBOOK_TEST_MARK", "1")  # a child must see the caller's environment of now
+    launch(_cfg(small_corpus), tmp_path / "c", progress=False)
+    assert _zygote_pid() != pid
+    pid = _zygote_pid()
+    monkeypatch.setattr(zygote, "newest_source_mtime", lambda: time.time() + 60)  # code edited after its start
+    launch(_cfg(small_corpus), tmp_path / "d", progress=False)
+    assert _zygote_pid() != pid
+
+
+def test_exit_code_and_stderr_of_a_forked_child(tmp_path):
+    lines = []
+    code = stream_child([sys.executable, "-m", "helpers", "show", str(tmp_path / "missing")], tmp_path / "log",
+                        lines.append)
+    assert code == 2 and lines == []
+    assert (tmp_path / "log").read_text().startswith("error: ")
+    assert zygote._current is not None and zygote._current.proc.poll() is None
+
+
+def test_off_or_failing_zygote_leaves_runs_to_fresh_processes(tmp_path, small_corpus, monkeypatch):
+    monkeypatch.setenv(zygote.SWITCH_ENV, "0")
+    assert launch(_cfg(small_corpus), tmp_path / "off", progress=False).summary["process_start"] == "fresh"
+
+    monkeypatch.delenv(zygote.SWITCH_ENV)
+
+    def broken(self, env):
+        raise zygote.ZygoteError("it could not start")
+    monkeypatch.setattr(zygote, "_current", None)
+    monkeypatch.setattr(zygote.Zygote, "__init__", broken)
+    record = launch(_cfg(small_corpus), tmp_path / "broken", progress=False)
+    assert record.status == "ok" and record.summary["process_start"] == "fresh"
+    assert "note: started as a fresh process: it could not start" in (tmp_path / "broken" / "train.log").read_text()
