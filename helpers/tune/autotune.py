@@ -6,14 +6,17 @@ same ABBA runs, the same keep/reject rule, a rollback point). Its ledger entry c
 diagnosis verdict and evidence, why this candidate, what comes next, and the cost estimate. Candidates the
 config refuses (bf16 on CPU) are recorded as skipped notes, never run; a rejected candidate is never repeated.
 
-Cost of a round before it starts, from measured times (seconds):
+Cost of a round before it starts, from measured times (seconds), by the way the round measures (`speed_path`):
     run_s(config)   = overhead + train_s × time_factor + extra_s
-    round estimate  = repeats × (run_s(best) + run_s(candidate)) × BUDGET_MARGIN
-train_s is the best's measured training time (sum of its step times, compile included); overhead is what a run
-costs outside its steps (process start, imports, data, evaluation), measured as the wall time of each
-baseline/round minus its runs' step times (the largest seen is used). time_factor/extra_s are each
-candidate's expected slow-down at worst (documented per candidate). The baseline always runs (nothing is
-measured before it); its time counts against the budget.
+    separate processes: PROCESS_PLAN's last look in pairs × (run_s(best) + run_s(candidate)) × BUDGET_MARGIN
+    paired (one process): (overhead + 2 × compile_s + extra_s
+                           + (warm-up + block_steps × pairs) × step_s × (1 + time_factor)) × BUDGET_MARGIN
+train_s is the best's measured training time (sum of its step times, compile included); compile_s and step_s its
+first-step and steady step times; pairs, for a paired round, the plan's second look (where a quiet machine
+decides; under load a round may go on to the last). overhead is what a run costs outside its steps (process
+start, imports, data, evaluation), measured as the wall time of each baseline/round minus its runs' step times
+(the largest seen is used). time_factor/extra_s are each candidate's expected slow-down at worst (documented per
+candidate). The baseline always runs (nothing is measured before it); its time counts against the budget.
 """
 from __future__ import annotations
 
@@ -31,7 +34,9 @@ from helpers.config import Config, ConfigError
 from helpers.tune.diagnose import Diagnosis, diagnose
 from helpers.tune.ledger import RoundError
 from helpers.record import RunRecord
+from helpers.tune.paired import DP_PAIRED_PLAN, PAIRED_PLAN, PROCESS_PLAN
 from helpers.tune.rounds import Workbook, load_runs
+from helpers.tune.speed_path import PROCESSES, speed_path
 
 BUDGET_MARGIN = 1.2  # run times on the shared 2-core machine drift ±20% between minutes
 DEFAULT_OVERHEAD_S = 8.0  # per-run cost outside the steps when this call measured none (a reopened workbook)
@@ -296,12 +301,23 @@ def overhead_s(wall_s: float, records: list[RunRecord]) -> float:
     return max(0.0, (wall_s - sum(train_s(r) for r in records)) / max(1, len(records)))
 
 
-def estimate_s(cand: Candidate, best: list[RunRecord], overhead: float, repeats: int) -> tuple[float, float, float]:
-    """(round estimate, reference run, candidate run) in seconds; see the module docstring."""
+def estimate_s(cand: Candidate, best: list[RunRecord], best_cfg: Config, overhead: float) -> tuple[float, str]:
+    """(round estimate in seconds, how it was reckoned, in words); see the module docstring."""
+    path, _ = speed_path(cand.changes, best_cfg)
     base = statistics.median(train_s(r) for r in best)
-    ref = overhead + base
-    run = overhead + base * cand.time_factor + cand.extra_s
-    return repeats * (ref + run) * BUDGET_MARGIN, ref, run
+    if path == PROCESSES:
+        pairs = PROCESS_PLAN.max_pairs
+        ref, run = overhead + base, overhead + base * cand.time_factor + cand.extra_s
+        return pairs * (ref + run) * BUDGET_MARGIN, (f"up to {pairs} pairs of separate runs: {pairs}×({ref:.0f} s "
+                                                      f"reference + {run:.0f} s candidate)×{BUDGET_MARGIN}")
+    plan = DP_PAIRED_PLAN if best_cfg.parallel.data_parallel > 1 else PAIRED_PLAN
+    pairs = plan.looks[min(1, len(plan.looks) - 1)]
+    steps = best_cfg.steady_after + plan.block_steps * pairs
+    step_s = statistics.median(r.summary.get("step_time_ms") or 0.0 for r in best) / 1000.0
+    compile_s = statistics.median(r.summary.get("compile_s") or 0.0 for r in best)
+    est = (overhead + 2 * compile_s + cand.extra_s + steps * step_s * (1 + cand.time_factor)) * BUDGET_MARGIN
+    return est, (f"one paired process: ({overhead:.0f} s start + 2 compiles of {compile_s:.1f} s + {steps} steps "
+                 f"per arm at {1000 * step_s:.0f} ms × (1 + {cand.time_factor:g}), to {pairs} pairs)×{BUDGET_MARGIN}")
 
 
 # ---------------------------------------------------------------------------------------------- the loop
@@ -378,11 +394,11 @@ def autotune(cfg: Config, out: str | os.PathLike, budget_min: float, repeats: in
                 result.skipped.append({"name": cand.name, "why": str(exc)})
                 log(f"skipped {cand.name}: {exc}")
                 continue
-            est, ref_s, cand_s = estimate_s(cand, best, overhead, repeats)
+            est, how = estimate_s(cand, best, best_cfg, overhead)
             if est > left:
                 too_long.append((cand, est))
                 continue
-            chosen = (cand, est, ref_s, cand_s, [c.name for c in queue[i + 1:]])
+            chosen = (cand, est, how, [c.name for c in queue[i + 1:]])
             break
         if chosen is None:
             if too_long:
@@ -393,14 +409,13 @@ def autotune(cfg: Config, out: str | os.PathLike, budget_min: float, repeats: in
                 result.stop_reason = (f"nothing left to try for a {diag.bottleneck} run: every candidate was run, "
                                       f"kept or refused" + (f" ({'; '.join(empty.values())})" if empty else ""))
             break
-        cand, est, ref_s, cand_s, after = chosen
+        cand, est, how, after = chosen
         tok = run.summary.get("tokens_per_s") or 0.0
         why = (f"Diagnosis of the current best ({run_name}, {tok:,.0f} tokens/s): {diag.bottleneck} — "
                f"{'; '.join(diag.reasons)}. Search order for it: {', '.join(family_order(diag, best_cfg))}. "
                f"Chosen: {cand.name} ({', '.join(f'{k}={v}' for k, v in cand.changes.items())}) because "
-               f"{cand.why}. Next in line: {', '.join(after) or 'nothing'}. Estimated {est:.0f} s "
-               f"({repeats}×({ref_s:.0f} s reference + {cand_s:.0f} s candidate)×{BUDGET_MARGIN}) of {left:.0f} s "
-               f"left.")
+               f"{cand.why}. Next in line: {', '.join(after) or 'nothing'}. Estimated {est:.0f} s ({how}) of "
+               f"{left:.0f} s left.")
         reasoning = {"diagnosis": _diagnosis_fields(diag, run_name), "family": cand.family,
                      "candidate_why": cand.why, "next_in_line": after, "estimate_s": round(est, 1),
                      "budget_left_s": round(left, 1), "overhead_s": round(overhead, 2)}
