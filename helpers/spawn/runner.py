@@ -30,6 +30,10 @@ def child_env() -> dict:
     return env
 
 
+if "ipykernel" in sys.modules:  # a notebook kernel: its zygote warms up while the notebook's first cells run
+    zygote.prestart(child_env())
+
+
 def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc: str | None = None,
            timeout_s: float | None = None):
     """Train `cfg` in a child process writing `run_dir`; returns its RunRecord (failed runs included).

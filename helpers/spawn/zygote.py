@@ -7,7 +7,8 @@ MindSpore context (set after the fork), its own peak memory, and a crash or OOM 
 Its stdout (progress lines) and stderr (train.log) are the caller's pipe and file, passed over a Unix socket,
 and its exit code comes back over the same socket (the zygote reaps it).
 
-One zygote per calling process (a notebook kernel), started on the first run. It is replaced when the
+One zygote per calling process, started on the first run (in a notebook kernel, when the runner is imported,
+so that its imports overlap the notebook's first cells). It is replaced when the
 environment a child would get changes (MindSpore reads some variables at import) or a source file under
 helpers/ or native/build/ is newer than the zygote, so a child never runs stale code. WORKBOOK_ZYGOTE=0 turns
 it off; if it cannot start or answer, runs start as fresh processes and train.log says why.
@@ -75,11 +76,15 @@ class Zygote:
         finally:
             theirs.close()
         self.sock = ours
-        try:
-            self._recv(READY_TIMEOUT_S)
-        except ZygoteError as exc:
-            self.close()
-            raise ZygoteError(f"{exc}; its stderr: {self._stderr_tail()}") from None
+        self.ready = False  # its imports run while the caller goes on; the first run waits for them
+
+    def _wait_ready(self) -> None:
+        if not self.ready:
+            try:
+                self._recv(READY_TIMEOUT_S)
+            except ZygoteError as exc:
+                raise ZygoteError(f"{exc}; its stderr: {self._stderr_tail()}") from None
+            self.ready = True
 
     def fits(self, env: dict) -> bool:
         """Alive, started with this environment, and no newer than the code it preloaded."""
@@ -90,6 +95,7 @@ class Zygote:
         """`python -m helpers ARGV` as a forked child: stdout lines to `on_line`, stderr appended to log_path;
         returns its exit code (−N: killed by signal N). timeout_s: seconds to wait for its exit once its stdout
         closed (subprocess.TimeoutExpired, as Popen.wait)."""
+        self._wait_ready()
         read_end, write_end = os.pipe()
         try:
             with open(log_path, "ab") as log:
@@ -162,13 +168,27 @@ def run_forked(argv: list[str], env: dict, on_line: Callable[[str], None], log_p
         if _current is None:
             _current = Zygote(env)
         return _current.run(argv, on_line, log_path, timeout_s)
-    except ZygoteError as exc:
+    except (ZygoteError, OSError) as exc:
         if _current is not None:
             _current.close()
             _current = None
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"note: started as a fresh process: {exc}\n")
         return None
+    finally:
+        _lock.release()
+
+
+def prestart(env: dict) -> None:
+    """Start this process's zygote now without waiting for it (a notebook kernel does, on importing the runner):
+    MindSpore's import then runs on the other core while the notebook's first cells run."""
+    global _current
+    if not enabled() or _current is not None or not _lock.acquire(blocking=False):
+        return
+    try:
+        _current = Zygote(env)
+    except OSError:
+        pass  # the first run tries again, and says why if it must start fresh
     finally:
         _lock.release()
 
