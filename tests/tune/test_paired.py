@@ -105,7 +105,8 @@ def test_futility_stops_a_small_undecided_interval_before_the_last_look():
     with pytest.raises(ValueError, match="futility=0.01 must lie between the floor"):
         SpeedPlan(futility=0.01)
     assert paired.PAIRED_PLAN.futility == 0.03 and paired.PAIRED_PLAN.interleave == "steps"
-    assert paired.DP_PAIRED_PLAN.max_pairs == 12  # every data-parallel rank runs the last look's pairs
+    assert paired.DP_PAIRED_PLAN.max_pairs == 8  # every data-parallel rank runs the last look's pairs
+    assert sum(paired.DP_PAIRED_PLAN.alphas) == pytest.approx(0.01)
 
 
 def test_sequential_looks_keep_the_aa_false_call_rate_at_most_one_percent():
