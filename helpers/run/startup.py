@@ -19,8 +19,25 @@ from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import DATA_CACHE
 
-# Keys that do not change the compiled graph: where the cache lives, where a resume starts from, when a run ends.
-_NOT_IN_GRAPH = ("compile_cache", "compile_cache_path", "resume_from", "target_val_loss", "max_time_s")
+# Keys that do not change the compiled graph: where the cache lives, where a resume starts from, when a run ends;
+# the input pipeline (its batches are the graph's inputs; the vocabulary, which sizes the graph, is `graph_key`);
+# what is measured or watched from Python (profiler window, monitors that only read), evaluation and checkpoint
+# cadence. The seed only matters to random ops in the graph (`_graph_keys`).
+_NOT_IN_GRAPH = ("compile_cache", "compile_cache_path", "resume_from", "target_val_loss", "max_time_s",
+                 "data.autotune", "data.num_parallel_workers", "data.order", "data.prefetch",
+                 "data.python_multiprocessing", "data.shuffle_buffer", "data.source_delay_ms", "data.tokenize",
+                 "data.val_fraction", "monitor.profile_steps", "monitor.profile_start", "monitor.spike_ratio",
+                 "monitor.throughput_window", "monitor.memory_window", "monitor.memory_slope_limit",
+                 "monitor.overfit_evals", "parallel.comm_profile_steps", "parallel.master_port", "eval_every",
+                 "eval_batches", "steady_after", "checkpoint_every", "keep_checkpoints")
+
+
+def _graph_keys(cfg: Config) -> dict:
+    """The flattened config keys that can change a compiled graph (what the cache folder is named after)."""
+    flat = {k: v for k, v in config_mod.flatten(cfg).items() if k not in _NOT_IN_GRAPH}
+    if not cfg.model.dropout and not cfg.model.build:  # our model without dropout has no random op in its graph
+        flat.pop("seed")  # (parameters are initialised eagerly, outside it); a user's model may have one
+    return flat
 
 
 # Set in a child forked from the zygote (helpers/spawn/zygote.py): the pid of the parent that had MindSpore imported.
@@ -57,8 +74,7 @@ def compile_cache_dir(cfg: Config, graph_key: str = "") -> Path:
     change the graph, plus `graph_key`, e.g. the vocabulary size, and MindSpore's version) keeps them apart.
     """
     import mindspore as ms
-    flat = {k: v for k, v in config_mod.flatten(cfg).items() if k not in _NOT_IN_GRAPH}
-    digest = hashlib.sha256(repr((sorted(flat.items()), graph_key, ms.__version__)).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(repr((sorted(_graph_keys(cfg).items()), graph_key, ms.__version__)).encode()).hexdigest()[:16]
     return Path(cfg.compile_cache_path or DATA_CACHE / "compile") / digest
 
 
