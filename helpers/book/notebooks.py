@@ -167,20 +167,48 @@ def kernel_env():
         os.environ.update(saved)
 
 
+def start_kernel(kernel: str, cwd: Path):
+    """A started kernel (a jupyter_client AsyncKernelManager) for the notebook in `cwd`, with the training child's
+    environment; None if it cannot start (papermill then starts its own). `run_workbook` starts the next notebook's
+    kernel while the current one runs: a kernel took ~1 s to start here, 14 times per workbook."""
+    from jupyter_client.manager import AsyncKernelManager  # nbclient's own kind: it polls whether the kernel lives
+    from jupyter_core.utils import run_sync
+    km = AsyncKernelManager(kernel_name=kernel)
+    try:
+        with kernel_env():
+            run_sync(km.start_kernel)(cwd=str(cwd))
+    except Exception:  # noqa: BLE001  (no such kernel, no resources): papermill's own start says why
+        return None
+    return km
+
+
+def stop_kernel(km) -> None:
+    """Shut a kernel from `start_kernel` down, with what it started (its process group)."""
+    if km is not None:
+        from jupyter_core.utils import run_sync
+        try:
+            run_sync(km.shutdown_kernel)(now=True)
+        except Exception:  # noqa: BLE001  already dead or gone: nothing left to stop
+            pass
+
+
 def execute(src: Path, dst: Path, params: dict[str, Any], kernel: str = "python3",
-            timeout_s: float = NOTEBOOK_TIMEOUT_S) -> tuple[str, str]:
+            timeout_s: float = NOTEBOOK_TIMEOUT_S, km=None) -> tuple[str, str]:
     """Run one notebook with papermill (cwd = its folder); returns (status, error line).
 
     timeout_s: wall seconds for the whole notebook; each cell may run for what is left of them, then it is stopped,
     the kernel (and what it started) is shut down, and the notebook fails with one line naming the cell.
+    km: a kernel already started for it (`start_kernel`); this call shuts it down when the notebook ends.
     """
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     deadline = time.monotonic() + timeout_s
     try:
-        pm.execute_notebook(str(src), str(dst), parameters=params, kernel_name=kernel, cwd=str(src.parent),
-                            progress_bar=False, log_output=False,
-                            timeout_func=lambda cell: max(1.0, deadline - time.monotonic()))
+        with ExitStack() as stack:
+            stack.callback(stop_kernel, km)
+            pm.execute_notebook(str(src), str(dst), parameters=params, kernel_name=kernel, cwd=str(src.parent),
+                                progress_bar=False, log_output=False, km=km,
+                                timeout_func=lambda cell: max(1.0, deadline - time.monotonic()))
     except pm.PapermillExecutionError as exc:
         return "failed", f"{exc.ename}: {str(exc.evalue).splitlines()[0] if exc.evalue else ''}"
     except CellTimeoutError:
@@ -289,22 +317,27 @@ def run_workbook(params_file: str | os.PathLike | None = None, out: str | os.Pat
     out = Path(out) if out else REPORTS_DIR / time.strftime("%Y%m%d-%H%M%S")
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    with one_run_per_folder(out):
+    with one_run_per_folder(out), ExitStack() as stack:
         shared = {**given, "workbook_dir": str(out / "workbook")}
         html_options = widget_assets(out)
         if not html_options:
             log(f"note: no widget JS in {WIDGETS_JS_DIR} (`make workbook` vendors it with npm); "
                 "widgets in the HTML reports need internet to render")
         results: list[NotebookResult] = []
-        for nb in notebooks:
+        ready = start_kernel(kernel, notebooks[0].parent)
+        stack.callback(lambda: stop_kernel(ready))  # a kernel started for a notebook that never ran
+        for i, nb in enumerate(notebooks):
             declared = defaults[nb.stem]
             params = {k: v for k, v in shared.items() if k in declared}
             if FAILED_PARAM in declared:
                 params[FAILED_PARAM] = {r.name: r.error for r in results if r.status == "failed"}
             dst = out / nb.name
             t0 = time.perf_counter()
+            km, ready = ready, None
+            if i + 1 < len(notebooks):  # the next one's kernel boots while this notebook runs
+                ready = start_kernel(kernel, notebooks[i + 1].parent)
             with kernel_env():
-                status, error = execute(nb, dst, params, kernel, timeout_s)
+                status, error = execute(nb, dst, params, kernel, timeout_s, km=km)
             seconds = time.perf_counter() - t0
             page = to_html(dst, html_options)
             results.append(NotebookResult(nb.stem, status, seconds, error, dst, page))
