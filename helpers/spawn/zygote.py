@@ -107,14 +107,24 @@ class Zygote:
         finally:
             os.close(write_end)
         with os.fdopen(read_end, "r", encoding="utf-8", errors="replace") as out:
-            pid = self._recv(REPLY_TIMEOUT_S, "pid")["pid"]  # the child holds the pipe: EOF comes when it exits
+            try:
+                pid = self._recv(REPLY_TIMEOUT_S, "pid")["pid"]  # the child holds the pipe: EOF when it exits
+            except ZygoteError:
+                if select.select([out], [], [], 0)[0] and not out.read(1):
+                    raise  # nobody holds the pipe: no child started, a fresh process may run it
+                pid = "?"  # a child forked before the zygote went: it runs, only its pid is unknown
             for line in out:
                 on_line(line)
         try:
             return self._recv(timeout_s, "exit", pid)["code"]
-        except ZygoteError:
-            raise subprocess.TimeoutExpired([sys.executable, "-m", "helpers", *argv], timeout_s or 0,
-                                            output=f"forked child {pid}") from None
+        except ZygoteError as exc:
+            if self.proc.poll() is None:  # alive but silent: the child outlived timeout_s after closing stdout
+                raise subprocess.TimeoutExpired([sys.executable, "-m", "helpers", *argv], timeout_s or 0,
+                                                output=f"forked child {pid}") from None
+            # The child ran (never start it again); only its exit status is lost. Its record says how it ended.
+            with open(log_path, "a", encoding="utf-8") as log:
+                log.write(f"note: exit status of forked child {pid} unknown: {exc}\n")
+            return 1
 
     def _recv(self, timeout_s: float | None, kind: str = "ready", pid: int | None = None) -> dict:
         """The next message of `kind` (for `pid`); older ones are skipped: the exit of a run whose caller was
