@@ -11,6 +11,7 @@ from helpers.config import ConfigError, from_dict
 from helpers.spawn.msrun import LOCAL_RETRY_S, _msrun_env, check_port, free_port, msrun_command
 from helpers.book.planner import GB, MODELS, Strategy, eight_by_40gb, estimate, recommend
 from helpers.record import load_run
+from helpers.tune.paired import DP_PAIRED_PLAN
 from tests.conftest import run_cli, tiny_args
 
 
@@ -182,7 +183,7 @@ def test_notebook_runs_and_fusion_is_a_real_round(notebooks_run):
     assert cand.config.parallel.comm_fusion == "size" and ref.config.parallel.comm_fusion == "none"
     assert cand.summary["ranks_merged"] == ref.summary["ranks_merged"] == 2
     paired = json.loads((cand.path.parent / "paired.json").read_text())
-    assert paired["ranks_merged"] == 2 and len(paired["pairs"]) == 12  # every rank runs the plan's last look
+    assert paired["ranks_merged"] == 2 and len(paired["pairs"]) == DP_PAIRED_PLAN.max_pairs  # the last look
     text = "".join(str(o) for c in nbformat.read(str(root / "notebooks" / "out_10_data_parallel.ipynb"),
                                                   as_version=4).cells for o in c.get("outputs", []))
     assert "Round 1 'comm_fusion_size'" in text
