@@ -74,7 +74,8 @@ def compile_cache_dir(cfg: Config, graph_key: str = "") -> Path:
     change the graph, plus `graph_key`, e.g. the vocabulary size, and MindSpore's version) keeps them apart.
     """
     import mindspore as ms
-    digest = hashlib.sha256(repr((sorted(_graph_keys(cfg).items()), graph_key, ms.__version__)).encode()).hexdigest()[:16]
+    key = repr((sorted(_graph_keys(cfg).items()), graph_key, ms.__version__))
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(cfg.compile_cache_path or DATA_CACHE / "compile") / digest
 
 

@@ -112,7 +112,7 @@ class Zygote:
             except ZygoteError:
                 if select.select([out], [], [], 0)[0] and not out.read(1):
                     raise  # nobody holds the pipe: no child started, a fresh process may run it
-                pid = "?"  # a child forked before the zygote went: it runs, only its pid is unknown
+                pid = None  # a child was forked and runs; only its pid is unknown (any exit is then its)
             for line in out:
                 on_line(line)
         try:
