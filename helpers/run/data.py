@@ -334,28 +334,27 @@ def _tokenized(cfg: Config, text: str, cut: int) -> tuple[Tokenizer, np.ndarray,
     """(tokenizer, train ids, val ids) for text split at `cut`. BPE takes ~1.5 s on tiny shakespeare (training
     0.55 s, encoding 0.95 s) in every run's start-up, so its result is kept in <data cache>/tokens/, keyed by the
     text, the split and the tokenizer's settings and version; char and byte tokenizers take milliseconds."""
-    kind = cfg.data.tokenizer
-    if kind != "bpe":
-        tokenizer = build_tokenizer(kind, text, cfg.data.vocab_size)
-        return tokenizer, tokenizer.encode(text[:cut]), tokenizer.encode(text[cut:])
-    import tokenizers
-    key = hashlib.sha256(repr((_sha256(text.encode("utf-8")), cut, kind, cfg.data.vocab_size,
-                               tokenizers.__version__)).encode()).hexdigest()[:20]
-    path = default_cache_dir() / "tokens" / f"{key}.npz"
-    try:
-        with np.load(path) as z:
-            return _BpeTokenizer._from_state(json.loads(str(z["tokenizer"]))), z["train"], z["val"]
-    except (OSError, ValueError, KeyError):  # absent or unreadable: tokenize again and rewrite it
-        pass
+    kind, path = cfg.data.tokenizer, None
+    if kind == "bpe":
+        import tokenizers
+        key = hashlib.sha256(repr((_sha256(text.encode("utf-8")), cut, kind, cfg.data.vocab_size,
+                                   tokenizers.__version__)).encode()).hexdigest()[:20]
+        path = default_cache_dir() / "tokens" / f"{key}.npz"
+        try:
+            with np.load(path) as z:
+                return _BpeTokenizer._from_state(json.loads(str(z["tokenizer"]))), z["train"], z["val"]
+        except (OSError, ValueError, KeyError):  # absent or unreadable: tokenize again and rewrite it
+            pass
     tokenizer = build_tokenizer(kind, text, cfg.data.vocab_size)
     train, val = tokenizer.encode(text[:cut]), tokenizer.encode(text[cut:])
-    buf = io.BytesIO()
-    np.savez(buf, tokenizer=np.array(json.dumps(tokenizer._state())), train=train, val=val)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, buf.getvalue())
-    except (OSError, RecordError):  # a read-only cache only costs the next run the same 1.5 s
-        pass
+    if path is not None:
+        buf = io.BytesIO()
+        np.savez(buf, tokenizer=np.array(json.dumps(tokenizer._state())), train=train, val=val)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, buf.getvalue())
+        except (OSError, RecordError):  # a read-only cache only costs the next run the same 1.5 s
+            pass
     return tokenizer, train, val
 
 
