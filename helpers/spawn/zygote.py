@@ -122,8 +122,7 @@ class Zygote:
                 raise subprocess.TimeoutExpired([sys.executable, "-m", "helpers", *argv], timeout_s or 0,
                                                 output=f"forked child {pid}") from None
             # The child ran (never start it again); only its exit status is lost. Its record says how it ended.
-            with open(log_path, "a", encoding="utf-8") as log:
-                log.write(f"note: exit status of forked child {pid} unknown: {exc}\n")
+            _note(log_path, f"exit status of forked child {pid} unknown: {exc}")
             return 1
 
     def _recv(self, timeout_s: float | None, kind: str = "ready", pid: int | None = None) -> dict:
@@ -160,6 +159,12 @@ class Zygote:
         self.errors.close()
 
 
+def _note(log_path: Path, text: str) -> None:
+    """One `note:` line in the run's train.log."""
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"note: {text}\n")
+
+
 _lock = threading.Lock()
 _current: Zygote | None = None
 
@@ -182,8 +187,7 @@ def run_forked(argv: list[str], env: dict, on_line: Callable[[str], None], log_p
         if _current is not None:
             _current.close()
             _current = None
-        with open(log_path, "a", encoding="utf-8") as log:
-            log.write(f"note: started as a fresh process: {exc}\n")
+        _note(log_path, f"started as a fresh process: {exc}")
         return None
     finally:
         _lock.release()
