@@ -119,7 +119,8 @@ def cmd_pair(args) -> int:
     plan = SpeedPlan.from_dict(request["plan"])
     tokens = [c.batch_size * c.grad_accum_steps * c.model.seq_len for c in (ref, cand)]
     out = run_pair(ref, cand, Path(request["folder"]), plan.block_steps, plan.max_pairs,
-                   stop_rule(plan, *tokens), interleave=plan.interleave)
+                   stop_rule(plan, *tokens), interleave=plan.interleave,
+                   profile_steps=request.get("profile_steps", 0))
     return 0 if out["status"] != "failed" else 1
 
 

@@ -24,17 +24,15 @@ from helpers.units import MIB
 
 def dp_configs(preset: str, steps: int, corpus: str, batch_size: int, device_target: str = "CPU",
                fusion_mb: int = 32, fusion_indices: list[int] | None = None) -> dict[str, Config]:
-    """The single process, the unfused DP=2 config (the fusion rounds' baseline) and DP=2 fused by size, same
-    global batch. The DP configs carry the fusion knobs' settings (bucket MB, split indices) so that a round
-    changes comm_fusion only; each DP run profiles its all-reduces (parallel.comm_profile_steps)."""
+    """The single process and the unfused DP=2 config (the fusion rounds' baseline), same global batch. The DP
+    config carries the fusion knobs' settings (bucket MB, split indices) so that a round changes comm_fusion
+    only; every DP run, and each arm of a fusion round, profiles its all-reduces (parallel.comm_profile_steps)."""
     base = from_dict({"model": {"preset": preset}, "data": {"corpus": [corpus]}, "steps": steps,
                       "batch_size": batch_size, "warmup": max(1, steps // 10), "eval_every": 0,
                       "eval_batches": 4, "steady_after": max(2, min(5, steps // 5)),
                       "device_target": device_target,
                       "parallel": {"fusion_size_mb": fusion_mb, "fusion_indices": fusion_indices or [5, 10]}})
-    dp = with_changes(base, {"parallel.data_parallel": 2})
-    return {"single process": base, "dp2 unfused": dp,
-            "dp2 size-fused": with_changes(dp, {"parallel.comm_fusion": "size"})}
+    return {"single process": base, "dp2 unfused": with_changes(base, {"parallel.data_parallel": 2})}
 
 
 def fusion_study(dp_unfused: RunRecord, workbook_dir: str | os.PathLike, rounds: dict[str, dict],
@@ -43,7 +41,8 @@ def fusion_study(dp_unfused: RunRecord, workbook_dir: str | os.PathLike, rounds:
     trained (pinned as it is, not trained again: its config is the workbook's), then `rounds` ({name: changes},
     in order, each against the then-best) through `Workbook.run_round`: a fusion change is measured paired (both
     arms in each rank of one msrun launch, ABBA blocks) and judged by the workbook's rule."""
-    # the record's config carries the profiler window that measured its all-reduces; the rounds run unprofiled
+    # the record's config carries the profiler window that measured its all-reduces; the best's config does not
+    # (each arm of a round is profiled in its warm-up, outside the blocks: dp_worker.pair_main)
     cfg = with_changes(dp_unfused.config, {"monitor.profile_steps": 0, "monitor.profile_start": 0})
     wb = Workbook.create(workbook_dir, cfg)
     wb.baseline(progress=progress, adopt=[dp_unfused])  # one run: the loss gate stays at its default width
@@ -51,7 +50,8 @@ def fusion_study(dp_unfused: RunRecord, workbook_dir: str | os.PathLike, rounds:
 
 
 def fusion_records(wb: Workbook, results: list) -> dict[str, RunRecord]:
-    """Every run of a fusion study by label (baseline runs, then each round's reference and candidate runs)."""
+    """Every run of a fusion study by label (baseline runs, then each round's reference and candidate runs; the
+    arms' records carry their all-reduce profile, taken in the round's own msrun launch)."""
     out = {f"baseline {k}": r for k, r in enumerate(wb.baseline_runs(), 1)}
     for result in results:
         for role, runs in (("reference", result.reference_runs), ("candidate", result.candidate_runs)):

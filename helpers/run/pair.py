@@ -24,6 +24,7 @@ from typing import Callable
 from helpers.config import Config, with_changes
 from helpers.record import atomic_write_json, update_summary
 from helpers.run.metrics import peak_rss_bytes, rss_bytes
+from helpers.run.profile import window_steps
 from helpers.run.train import Trainer, configure_mindspore
 
 PAIRED_FILE = "paired.json"
@@ -119,7 +120,7 @@ class _Arms:
 def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: int, max_pairs: int,
              stop: StopRule, make_trainer: Callable[[Config, Path], Trainer] = Trainer,
              setup: Callable[[], None] | None = None, paired_file: str = PAIRED_FILE,
-             interleave: str = "blocks") -> dict:
+             interleave: str = "blocks", profile_steps: int = 0) -> dict:
     """Train both arms in this process and measure them in ABBA blocks; returns (and writes) the raw record.
 
     block_steps: K steps per block; interleave: "blocks" (one arm's K steps, then the other's) or "steps" (the
@@ -129,17 +130,24 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     their `steps` whatever the measurement needed. A failure or NaN in one arm ends the other as 'stopped'.
     A data-parallel rank (helpers/spawn/dp_worker.py) passes its own `make_trainer(cfg, run_dir)`, a `setup`
     run once after MindSpore is configured (joining the process group) and its own `paired_file` name.
+    profile_steps: each arm gets a profiler window of that many steps right after its own steady_after (an arm
+    whose config has a window keeps it); the warm-up of both arms runs to the later window's end, so every
+    profiled step is taken while the other arm is not stepping (the candidate's before the reference exists):
+    one arm's ops per op table, and no profiled step inside a block.
     """
     folder = Path(folder)
     t0 = time.perf_counter()
     # Process-wide settings are equal for both arms on the paired path. The compile cache stays off: MindSpore
     # keys it by source files, not by graph, so two arms' graphs in one process could load each other's.
+    if profile_steps:
+        reference, candidate = (c if c.monitor.profile_steps else _profiled(c, profile_steps)
+                                for c in (reference, candidate))
     configure_mindspore(with_changes(candidate, {"compile_cache": False}))
     if setup is not None:
         setup()
     _first_graph()
     rss_base = rss_bytes()  # MindSpore imported and set up, no model built yet
-    warmup = max(reference.steady_after, candidate.steady_after)
+    warmup = max(max(c.steady_after, (window_steps(c) or (0, 0))[1]) for c in (reference, candidate))
     arms = _Arms(reference, candidate, folder, warmup + block_steps * max_pairs, make_trainer)
     out = {"block_steps": block_steps, "interleave": interleave, "max_pairs": max_pairs, "warmup_steps": warmup,
            "tokens_per_step": {name: arms.tokens_per_step(name) for name in arms.trainers},
@@ -180,6 +188,13 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     out["wall_s"] = time.perf_counter() - t0
     atomic_write_json(folder / paired_file, out)
     return out
+
+
+def _profiled(cfg: Config, steps: int) -> Config:
+    """`cfg` with a profiler window of up to `steps` steps after its steady_after, inside its own record: at most
+    half its steady steps, as a profiled run of its own (runner.with_profiler)."""
+    window = max(1, min(steps, (cfg.steps - cfg.steady_after) // 2))
+    return with_changes(cfg, {"monitor.profile_steps": window, "monitor.profile_start": 0})
 
 
 def _interleaved(arms: _Arms, order: tuple[str, str], k: int) -> dict[str, list[float]]:

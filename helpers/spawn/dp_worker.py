@@ -8,7 +8,8 @@ peak RSS, profiled collective time) for `rankmerge` to merge after msrun returns
 
 With `--pair REQUEST` (a paired round on a data-parallel best, `helpers.spawn.paired`) every rank runs both arms
 in ABBA blocks (helpers/run/pair.py), each arm a RankTrainer whose step graph is compiled under its own all-reduce
-fusion setting; the ranks write FOLDER/paired_rank_K.json and each arm's FOLDER/<arm>/ranks/rank_K.json.
+fusion setting; the ranks write FOLDER/paired_rank_K.json and each arm's FOLDER/<arm>/ranks/rank_K.json. Each
+arm's all-reduces are profiled (parallel.comm_profile_steps) in its own warm-up, while the other arm waits.
 """
 from __future__ import annotations
 
@@ -92,6 +93,17 @@ def write_rank_file(run_dir: Path, rank: int, size: int, status: str, start_step
         "peak_rss_bytes": peak_bytes, "rows": [{k: row[k] for k in ROW_KEYS} for row in rows], "comm": comm})
 
 
+def profiled_comm(run_dir: Path, cfg: Config) -> dict | None:
+    """The collective ops' ms and calls per step from this rank's profile (`profile.comm_per_step`); None when
+    the config has no profiler window or the run stopped before it closed."""
+    if not cfg.monitor.profile_steps:
+        return None
+    try:
+        return comm_per_step(load_profile(run_dir))
+    except RecordError:
+        return None
+
+
 def pair_main(request: Path, rank: int, size: int) -> int:
     """Both arms of a paired round on this rank. Every rank runs the plan's last look of pairs: a stop decided
     from one rank's times could differ on the other, which would then wait for an all-reduce that never comes.
@@ -104,6 +116,7 @@ def pair_main(request: Path, rank: int, size: int) -> int:
     t0 = time.time()
     out = run_pair(ref, cand, folder, plan["block_steps"], plan["looks"][-1], lambda pairs: False,
                    interleave=plan.get("interleave", "blocks"),
+                   profile_steps=req.get("profile_steps") or cand.parallel.comm_profile_steps,
                    make_trainer=lambda cfg, run_dir: RankTrainer(cfg, run_dir, rank, size, None),
                    setup=lambda: join_process_group(cand), paired_file=f"paired_rank_{rank}.json")
     for arm in ("reference", "candidate"):
@@ -114,7 +127,8 @@ def pair_main(request: Path, rank: int, size: int) -> int:
         except RecordError:
             continue  # this arm never started here: no rank file, the merge reads the rank-0 record's failure
         write_rank_file(arm_dir, rank, size, record.status, 1, time.time() - t0,
-                        out["memory"].get(f"{arm}_peak_bytes") or peak_rss_bytes(), record.metrics, None)
+                        out["memory"].get(f"{arm}_peak_bytes") or peak_rss_bytes(), record.metrics,
+                        profiled_comm(own, record.config))
     return 0 if out["status"] != "failed" else 1
 
 
@@ -148,12 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     trainer = RankTrainer(cfg, run_dir, rank, size, progress)
     outcome = trainer.run()
-    try:
-        comm = comm_per_step(load_profile(trainer.run_dir)) if cfg.monitor.profile_steps else None
-    except RecordError:  # the run stopped before its profiler window closed
-        comm = None
     write_rank_file(run_dir, rank, size, outcome.status, outcome.start_step, time.time() - t0, peak_rss_bytes(),
-                    rows, comm)
+                    rows, profiled_comm(trainer.run_dir, cfg))
     return 0 if outcome.status == "ok" else 3
 
 

@@ -24,10 +24,12 @@ PAIRED_FILE = "paired.json"  # written by helpers/run/pair.py (the same name the
 
 
 def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progress: bool = True,
-                desc: str | None = None, timeout_s: float | None = None):
+                desc: str | None = None, timeout_s: float | None = None, profile_steps: int = 0):
     """Run both arms in one child process writing `folder`/reference, `folder`/candidate and `folder`/paired.json.
 
-    plan: a `tune.paired.SpeedPlan` as a dict (block_steps, looks, alphas, …). Returns (reference record or
+    plan: a `tune.paired.SpeedPlan` as a dict (block_steps, looks, alphas, …); profile_steps: a profiler window
+    per arm, in its warm-up (`run_pair`; data-parallel arms are profiled whenever their comm_profile_steps is
+    set, as a data-parallel run of their own is). Returns (reference record or
     None, candidate record or None, the paired.json dict or None, error text ("" when the process left them)).
     """
     folder = absolute(folder)
@@ -38,7 +40,8 @@ def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progre
             fh.write(config_mod.dump(config_mod.absolute_paths(cfg)))
             paths[name] = fh.name
     request = folder / ".pair_request.json"
-    request.write_text(json.dumps({**paths, "folder": str(folder), "plan": plan}), encoding="utf-8")
+    request.write_text(json.dumps({**paths, "folder": str(folder), "plan": plan, "profile_steps": profile_steps}),
+                       encoding="utf-8")
     cmd = [sys.executable, "-m", "helpers", "pair", "--request", str(request)]
     bar, label = None, desc or folder.name
     if progress:

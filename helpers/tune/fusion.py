@@ -57,15 +57,29 @@ def _reusable(run_dir: Path, cfg: Config) -> RunRecord | None:
     return record if record.status == "ok" and same and (run_dir / PROFILE_DIR / PROFILE_JSON).is_file() else None
 
 
+def _own_profile(runs) -> RunRecord | None:
+    """An arm's first record when it finished with a profile of its own (a round run with profile_steps)."""
+    if not runs:
+        return None
+    record = load_run(runs[0])
+    return record if record.status == "ok" and (record.path / PROFILE_DIR / PROFILE_JSON).is_file() else None
+
+
 def profile_arms(result, window: int = 8, progress: bool = True) -> tuple[RunRecord, RunRecord]:
-    """(reference, candidate): one more run of each arm of a round, each in its own process with a profiler window
-    of up to `window` steady steps (`runner.with_profiler`), under `<round>/profiled/`. A finished profiled run of
-    the same config already there is reused, so rerunning the notebook trains nothing twice."""
+    """(reference, candidate): each arm's profiled record. A paired round run with `profile_steps` profiled both
+    arms in its own process (`Workbook.run_round`): those records are returned as they are. Otherwise one more
+    run of each arm, each in its own process with a profiler window of up to `window` steady steps
+    (`runner.with_profiler`), under `<round>/profiled/`; a finished profiled run of the same config already
+    there is reused, so rerunning the notebook trains nothing twice."""
     arms = []
     for role, runs in (("reference", result.reference_runs), ("candidate", result.candidate_runs)):
         if not runs:
             raise RoundError(f"round {result.name!r} has no {role} run (decision {result.decision}); "
                              f"there is no arm to profile")
+        own = _own_profile(runs)
+        if own is not None:
+            arms.append(own)
+            continue
         profiled = with_profiler(load_run(runs[0]).config, window)
         run_dir = _profiled_dir(result) / role
         arms.append(_reusable(run_dir, profiled) or launch(profiled, run_dir, progress, f"profiled {role}"))
@@ -134,7 +148,11 @@ def op_table_shift(ref_runs: Runs, cand_runs: Runs, min_ms: float = 0.0) -> pd.D
 
 def round_op_shift(result, min_ms: float = 0.0) -> pd.DataFrame:
     """`op_table_shift` of a round: its profiled reference (before) against its profiled candidate (after), as
-    `profile_arms(result)` left them; RoundError (one line) before that."""
+    `profile_arms(result)` returns them (the round's own records, or its runs under `profiled/`); RoundError (one
+    line) when it has neither."""
+    own = [_own_profile(runs) for runs in (result.reference_runs, result.candidate_runs)]
+    if None not in own:
+        return op_table_shift(own[0].path, own[1].path, min_ms)
     folder = _profiled_dir(result)
     if not all((folder / role).is_dir() for role in ("reference", "candidate")):
         raise RoundError(f"round {result.name!r} has no profiled arms in {str(folder)!r}; run "

@@ -322,7 +322,7 @@ class Workbook:
         return runs["candidate"], runs["reference"], ""
 
     def _measure_speed(self, cand_cfg: Config, ref_cfg: Config, changes: dict, folder: Path, label: str,
-                       progress: bool) -> tuple[list[RunRecord], list[RunRecord], str, dict]:
+                       progress: bool, profile_steps: int = 0) -> tuple[list[RunRecord], list[RunRecord], str, dict]:
         """Measure a speed round the way its variable allows (`speed_path`): paired blocks in one process, or
         ABBA pairs of runs in separate processes; both add pairs until a look decides or the budget (the
         plan's last look) ends. Writes speed.json; returns (candidates, references, error, speed)."""
@@ -335,7 +335,8 @@ class Workbook:
         t0 = time.perf_counter()
         speed = {"path": path, "why": why, "plan": plan.to_dict(), "tokens_per_step": tokens}
         if path == PAIRED:
-            ref, cand, raw, error = launch_pair(ref_cfg, cand_cfg, folder, plan.to_dict(), progress, label)
+            ref, cand, raw, error = launch_pair(ref_cfg, cand_cfg, folder, plan.to_dict(), progress, label,
+                                                profile_steps=profile_steps)
             cands, refs = [r for r in [cand] if r], [r for r in [ref] if r]
             if raw is not None:
                 speed["log_ratios"] = log_ratios(raw["pairs"], *tokens, plan.rank)
@@ -479,7 +480,7 @@ class Workbook:
     def run_round(self, name: str, changes: dict[str, Any], progress: bool = True,
                   who: str | None = None, objective: str = "speed", seeds: int = 2,
                   target: float | None = None, why: str = "", reasoning: dict | None = None,
-                  time_cap_s: float | None = None) -> RoundResult:
+                  time_cap_s: float | None = None, profile_steps: int = 0) -> RoundResult:
         """Train the current best + `changes` against the current best, judge, record, save a rollback point.
 
         objective="speed": the candidate against a rerun of the current best, measured the way the variable
@@ -495,7 +496,10 @@ class Workbook:
         best; other decisions leave it. A run that does not finish ends the round as "failed" (records kept,
         remaining runs skipped). A speed round on a convergence variable (lr, warmup, ...) warns: tokens/s
         cannot judge it. `why` (one paragraph) and `reasoning` (e.g. the auto-tuner's diagnosis and cost
-        estimate) say why the round was run; both go into its ledger entry.
+        estimate) say why the round was run; both go into its ledger entry. profile_steps (speed, paired path): each
+        arm's record gets a profiler window of that many steps, taken in its warm-up before the blocks
+        (`pair.run_pair`); on the separate-process path no run is profiled (`fusion.profile_arms` then trains
+        profiled ones).
         """
         if objective not in OBJECTIVES:
             raise RoundError(f"objective={objective!r} is not allowed; choose one of {', '.join(OBJECTIVES)}")
@@ -531,7 +535,8 @@ class Workbook:
                                                            seeds, seed_list, after_pair)
             else:
                 records, references, error, speed = self._measure_speed(cand, best, moved, folder,
-                                                                        f"round {index} {name}", progress)
+                                                                        f"round {index} {name}", progress,
+                                                                        profile_steps)
             verdict = self._verdict(records, references, error, baseline, objective, target, speed)
             if speed is not None:
                 atomic_write_json(folder / SPEED_FILE, {**speed, "verdict": verdict.to_dict()})

@@ -57,9 +57,11 @@ def accumulation_sweep(cfg: Config, factors: list[int], out_dir: str | os.PathLi
     return run_variants(cfg, variants, out_dir, "micro_batch", progress)
 
 
-def run_rounds(wb, rounds: dict[str, dict[str, Any]], progress: bool = True) -> list:
-    """wb.run_round for each {name: changes} in order (each against the then-current best)."""
-    return [wb.run_round(name, changes, progress=progress) for name, changes in rounds.items()]
+def run_rounds(wb, rounds: dict[str, dict[str, Any]], progress: bool = True, profile_steps: int = 0) -> list:
+    """wb.run_round for each {name: changes} in order (each against the then-current best); profile_steps: a
+    profiler window per arm in each paired round (`Workbook.run_round`)."""
+    return [wb.run_round(name, changes, progress=progress, profile_steps=profile_steps)
+            for name, changes in rounds.items()]
 
 
 def compile_cache_runs(cfg: Config, out_dir: str | os.PathLike, progress: bool = True,

@@ -126,6 +126,28 @@ def test_aa_check_decides_by_its_printed_interval(book):
     assert all(len(r) == len(c) == raw["block_steps"] for r, c in raw["pairs"])
 
 
+def test_profiled_paired_round_profiles_each_arm_alone_in_its_warm_up(book, tmp_path):
+    """profile_steps: each arm's profiler window is in its own warm-up, so no timed block step is profiled and
+    each op table holds one arm's ops (recompute runs the forward MatMuls again in backward: more per step in the
+    candidate's table only); profile_arms then returns the round's own records and trains nothing."""
+    from helpers.run.profile import load_profile
+    from helpers.tune.fusion import profile_arms, round_op_shift
+    wb = copy_of(book[0], tmp_path / "book")
+    r = wb.run_round("recompute", {"recompute": "blocks"}, progress=False, profile_steps=3)
+    assert r.verdict.path == "paired", r.verdict.reason
+    raw = json.loads((r.rollback.parent / "paired.json").read_text())
+    ref, cand = profile_arms(r, progress=False)
+    assert not (r.rollback.parent / "profiled").exists()  # nothing trained again
+    assert [ref.path, cand.path] == [Path(r.reference_runs[0]), Path(r.candidate_runs[0])]
+    for arm in (ref, cand):
+        assert arm.summary["profiled_steps"] == [4, 6]  # steady_after 3, then the window
+    assert raw["warmup_steps"] == 6  # the blocks start after both windows closed
+    matmuls = [load_profile(arm.path).frame().set_index("name").loc["MatMul", "calls_per_step"] for arm in (ref, cand)]
+    assert matmuls[1] > matmuls[0], matmuls
+    assert "MatMul" in set(round_op_shift(r)["op"])  # the shift reads the same two records
+    assert wb.best_config().monitor.profile_steps == 0  # the profiler is the round's, not the config's
+
+
 def test_bad_rounds_are_refused_before_any_run(book):
     wb, _ = book
     ledger = (wb.path / "ledger.jsonl").read_text()
