@@ -127,7 +127,7 @@ def cmd_pair(args) -> int:
 def cmd_zygote(args) -> int:
     """The zygote of helpers/spawn/zygote.py: each child it forks runs `main(argv)`, as `python -m helpers` would."""
     from helpers.spawn.zygote import serve
-    return serve(args.fd, main)
+    return serve(args.fd, main, args.listen_fd)
 
 
 def cmd_show(args) -> int:
@@ -249,6 +249,7 @@ def parser() -> argparse.ArgumentParser:
 
     z = sub.add_parser("zygote", help="(internal) preload MindSpore, then fork one training child per request")
     z.add_argument("--fd", type=int, required=True, help="the Unix socket its caller passed")
+    z.add_argument("--listen-fd", type=int, help="a listening Unix socket: serve whoever connects too")
     z.set_defaults(func=cmd_zygote)
 
     s = sub.add_parser("show", help="print a run's summary table")

@@ -22,6 +22,7 @@ import yaml
 
 from helpers.paths import NOTEBOOKS_DIR, REPORTS_DIR
 from helpers.tune.ledger import RoundError, WorkbookLock
+from helpers.spawn import zygote
 from helpers.spawn.runner import child_env
 
 # Offline widget rendering: local copies of require.js and the widget HTML manager (`make widgets-js`).
@@ -324,6 +325,7 @@ def run_workbook(params_file: str | os.PathLike | None = None, out: str | os.Pat
             log(f"note: no widget JS in {WIDGETS_JS_DIR} (`make workbook` vendors it with npm); "
                 "widgets in the HTML reports need internet to render")
         results: list[NotebookResult] = []
+        stack.enter_context(zygote.shared(child_env()))  # one zygote (MindSpore imported once) for all kernels
         ready = start_kernel(kernel, notebooks[0].parent)
         stack.callback(lambda: stop_kernel(ready))  # a kernel started for a notebook that never ran
         for i, nb in enumerate(notebooks):

@@ -8,16 +8,19 @@ Its stdout (progress lines) and stderr (train.log) are the caller's pipe and fil
 and its exit code comes back over the same socket (the zygote reaps it).
 
 One zygote per calling process, started on the first run (in a notebook kernel, when the runner is imported,
-so that its imports overlap the notebook's first cells). It is replaced when the
-environment a child would get changes (MindSpore reads some variables at import) or a source file under
-helpers/ or native/build/ is newer than the zygote, so a child never runs stale code. WORKBOOK_ZYGOTE=0 turns
-it off; if it cannot start or answer, runs start as fresh processes and train.log says why.
+so that its imports overlap the notebook's first cells), or one shared by every kernel of a workbook
+(`shared`: `make workbook` starts it once, its kernels connect to it through WORKBOOK_ZYGOTE_SOCKET). A zygote
+is left for another when a variable that the imports read (IMPORT_ENV) differs from the caller's, or a source
+file under helpers/ or native/build/ is newer than it, so a child never runs stale code; the rest of the
+caller's environment, its PYTHONPATH and folder are the child's own. WORKBOOK_ZYGOTE=0 turns it off; if it
+cannot start or answer, runs start as fresh processes and train.log says why.
 """
 from __future__ import annotations
 
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,12 +29,18 @@ import tempfile
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from helpers.paths import REPO_ROOT
 
 SWITCH_ENV = "WORKBOOK_ZYGOTE"
+SOCKET_ENV = "WORKBOOK_ZYGOTE_SOCKET"  # a shared zygote's socket (set by `shared` for the processes it starts)
+# Variables read while the zygote imports MindSpore and its libraries (glog, OpenMP, the BLAS, the loader,
+# Python itself); a child with other values must not come from it. PYTHONPATH is applied in the child instead.
+IMPORT_ENV = ("MS_", "MINDSPORE", "GLOG_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_", "PYTHON", "CUDA", "ASCEND",
+              "HCCL", "WORKBOOK_")
 READY_TIMEOUT_S = 120.0  # importing MindSpore on a loaded 2-core machine has taken over 10 s
 REPLY_TIMEOUT_S = 30.0
 WATCHED = (REPO_ROOT / "helpers", REPO_ROOT / "native" / "build")
@@ -57,49 +66,83 @@ def newest_source_mtime() -> float:
     return newest
 
 
+def import_env(env: dict) -> dict:
+    """The part of `env` that the zygote's imports read (IMPORT_ENV prefixes; not PYTHONPATH or the socket)."""
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV) and k not in ("PYTHONPATH", SOCKET_ENV)}
+
+
 class ZygoteError(RuntimeError):
     """The zygote did not start or answer; the caller starts a fresh process instead."""
 
 
 class Zygote:
-    """The kernel's side: one zygote process and the socket to it."""
+    """The caller's side: the socket to a zygote, which it started (and owns) or connected to (`connect`)."""
 
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, listener: socket.socket | None = None):
+        """Start a zygote with `env`; with `listener` (a bound, listening Unix socket) it also serves whoever
+        connects to that socket's path."""
         self.env = dict(env)
         self.started = time.time()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.errors = tempfile.TemporaryFile()  # a file, not a pipe: nobody reads it unless the start fails
+        fds = [theirs.fileno()] + ([listener.fileno()] if listener is not None else [])
+        args = ["--fd", str(theirs.fileno())] + (["--listen-fd", str(listener.fileno())] if listener else [])
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "helpers", "zygote", "--fd", str(theirs.fileno())],
-                                         pass_fds=[theirs.fileno()], env=self.env, cwd=REPO_ROOT,
+            self.proc = subprocess.Popen([sys.executable, "-m", "helpers", "zygote", *args],
+                                         pass_fds=fds, env=self.env, cwd=REPO_ROOT,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.errors)
         finally:
             theirs.close()
         self.sock = ours
         self.ready = False  # its imports run while the caller goes on; the first run waits for them
+        self.gone = False
+
+    @classmethod
+    def connect(cls, path: str, env: dict) -> "Zygote":
+        """This process's side of a shared zygote (`shared`); OSError when nothing listens at `path`. Its
+        environment and start time come with its first message."""
+        self = cls.__new__(cls)
+        self.env, self.started, self.proc, self.errors = dict(env), time.time(), None, None
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.sock.connect(path)
+        except OSError:
+            self.sock.close()
+            raise
+        self.ready, self.gone = False, False
+        return self
 
     def _wait_ready(self) -> None:
         if not self.ready:
             try:
-                self._recv(READY_TIMEOUT_S)
+                hello = self._recv(READY_TIMEOUT_S)
             except ZygoteError as exc:
                 raise ZygoteError(f"{exc}; its stderr: {self._stderr_tail()}") from None
-            self.ready = True
+            if self.proc is None:  # a shared one: what it was started with, and when
+                self.env, self.started = hello["env"], hello["started"]
+            self.pid, self.ready = hello["ready"], True
+
+    def alive(self) -> bool:
+        return not self.gone and (self.proc is None or self.proc.poll() is None)
 
     def fits(self, env: dict) -> bool:
-        """Alive, started with this environment, and no newer than the code it preloaded."""
-        return self.proc.poll() is None and env == self.env and newest_source_mtime() < self.started
+        """Alive, started with the same import-time variables, and no newer than the code it preloaded."""
+        try:
+            self._wait_ready()
+        except ZygoteError:
+            return False
+        return self.alive() and import_env(env) == import_env(self.env) and newest_source_mtime() < self.started
 
-    def run(self, argv: list[str], on_line: Callable[[str], None], log_path: Path,
+    def run(self, argv: list[str], env: dict, on_line: Callable[[str], None], log_path: Path,
             timeout_s: float | None = None) -> int:
-        """`python -m helpers ARGV` as a forked child: stdout lines to `on_line`, stderr appended to log_path;
-        returns its exit code (−N: killed by signal N). timeout_s: seconds to wait for its exit once its stdout
-        closed (subprocess.TimeoutExpired, as Popen.wait)."""
+        """`python -m helpers ARGV` as a forked child with environment `env`: stdout lines to `on_line`, stderr
+        appended to log_path; returns its exit code (−N: killed by signal N). timeout_s: seconds to wait for its
+        exit once its stdout closed (subprocess.TimeoutExpired, as Popen.wait)."""
         self._wait_ready()
         read_end, write_end = os.pipe()
         try:
             with open(log_path, "ab") as log:
-                request = json.dumps({"argv": argv, "env": self.env, "cwd": str(REPO_ROOT)}).encode()
+                request = json.dumps({"argv": argv, "env": env, "cwd": str(REPO_ROOT)}).encode()
                 socket.send_fds(self.sock, [request], [write_end, log.fileno()])
         except OSError as exc:
             os.close(read_end)
@@ -118,7 +161,7 @@ class Zygote:
         try:
             return self._recv(timeout_s, "exit", pid)["code"]
         except ZygoteError as exc:
-            if self.proc.poll() is None:  # alive but silent: the child outlived timeout_s after closing stdout
+            if self.alive():  # alive but silent: the child outlived timeout_s after closing stdout
                 raise subprocess.TimeoutExpired([sys.executable, "-m", "helpers", *argv], timeout_s or 0,
                                                 output=f"forked child {pid}") from None
             # The child ran (never start it again); only its exit status is lost. Its record says how it ended.
@@ -136,12 +179,15 @@ class Zygote:
                 raise ZygoteError(f"the zygote did not answer within {timeout_s:g} s")
             msg = self.sock.recv(MAX_MESSAGE)
             if not msg:
-                raise ZygoteError(f"the zygote exited (code {self.proc.poll()})")
+                self.gone = True
+                raise ZygoteError(f"the zygote exited (code {self.proc.poll() if self.proc else 'unknown'})")
             reply = json.loads(msg)
             if kind in reply and (pid is None or reply[kind] == pid):
                 return reply
 
     def _stderr_tail(self) -> str:
+        if self.errors is None:
+            return "(a shared zygote's: see the process that started it)"
         try:
             self.errors.seek(0)
             return self.errors.read()[-500:].decode(errors="replace").strip().replace("\n", " | ") or "(empty)"
@@ -149,8 +195,10 @@ class Zygote:
             return "(unreadable)"
 
     def close(self) -> None:
-        """Stop the zygote (its running children, if any, go on)."""
+        """Stop the zygote if this process started it, else only disconnect (its running children go on)."""
         self.sock.close()
+        if self.proc is None:
+            return
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -181,8 +229,8 @@ def run_forked(argv: list[str], env: dict, on_line: Callable[[str], None], log_p
             _current.close()
             _current = None
         if _current is None:
-            _current = Zygote(env)
-        return _current.run(argv, on_line, log_path, timeout_s)
+            _current = _new(env)
+        return _current.run(argv, env, on_line, log_path, timeout_s)
     except (ZygoteError, OSError) as exc:
         if _current is not None:
             _current.close()
@@ -200,53 +248,130 @@ def prestart(env: dict) -> None:
     if not enabled() or _current is not None or not _lock.acquire(blocking=False):
         return
     try:
-        _current = Zygote(env)
-    except OSError:
+        _current = _new(env, check=False)
+    except (OSError, ZygoteError):
         pass  # the first run tries again, and says why if it must start fresh
     finally:
         _lock.release()
 
 
+def _new(env: dict, check: bool = True) -> Zygote:
+    """The shared zygote when WORKBOOK_ZYGOTE_SOCKET names one that listens and (check) fits `env`, else a zygote
+    of our own. check=False does not wait for the shared one to be ready (the first run checks)."""
+    path = os.environ.get(SOCKET_ENV)
+    if path:
+        try:
+            conn = Zygote.connect(path, env)
+        except OSError:
+            conn = None
+        if conn is not None and (not check or conn.fits(env)):
+            return conn
+        if conn is not None:
+            conn.close()
+    return Zygote(env)
+
+
+@contextmanager
+def shared(env: dict) -> Iterator[None]:
+    """One zygote, started now with `env`, for every process started inside this block that runs training (a
+    workbook's kernels): its socket's path is in os.environ[SOCKET_ENV] meanwhile. Each kernel would otherwise
+    import MindSpore into a zygote of its own (~2 s of CPU) while its notebook starts. Off (WORKBOOK_ZYGOTE=0)
+    or failing to start: nothing is shared, and each kernel starts its own as before."""
+    if not enabled():
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="wb-zygote-")
+    path = os.path.join(folder, "socket")
+    owner = None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+            listener.bind(path)
+            listener.listen(16)
+            owner = Zygote(env, listener=listener)  # the zygote holds its own copy of the listening socket
+    except OSError:
+        owner = None
+    saved = os.environ.get(SOCKET_ENV)
+    if owner is not None:
+        os.environ[SOCKET_ENV] = path
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(SOCKET_ENV, None)
+        else:
+            os.environ[SOCKET_ENV] = saved
+        if owner is not None:
+            owner.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 # ------------------------------------------------------------------------------------ the zygote's side
 
-def serve(fd: int, run: Callable[[list[str]], int]) -> int:
-    """The zygote process: preload, say ready, then fork a child per request until the socket closes.
+def serve(fd: int, run: Callable[[list[str]], int], listen_fd: int | None = None) -> int:
+    """The zygote process: preload, say ready, then fork a child per request until the socket `fd` (to the
+    process that started it) closes. With `listen_fd` (a listening Unix socket, `shared`) it also accepts
+    connections from other processes and serves each the same way; a child's exit goes to the one that asked.
 
     run(argv) → exit code is what a child executes (the CLI's main). No thread is started here: a fork copies
     only the forking thread, so the preloaded state must not depend on others.
     """
+    started, env = time.time(), dict(os.environ)  # before the imports: MindSpore's own adds LD_LIBRARY_PATH
     import mindspore  # noqa: F401  (the point: every child starts with it imported)
     import mindspore.dataset  # noqa: F401
     import helpers.run.pair  # noqa: F401
     import helpers.run.train  # noqa: F401
-    sock = socket.socket(fileno=fd)
-    sock.send(json.dumps({"ready": os.getpid()}).encode())
-    children: set[int] = set()
+    import helpers.tune.paired  # noqa: F401  (a paired process's stop rule)
+    owner = socket.socket(fileno=fd)
+    listener = socket.socket(fileno=listen_fd) if listen_fd is not None else None
+    hello = json.dumps({"ready": os.getpid(), "started": started, "env": env}).encode()
+    owner.send(hello)
+    conns = [owner]
+    children: dict[int, socket.socket] = {}
     while True:
-        ready, _, _ = select.select([sock], [], [], 0.05 if children else None)
-        if ready:
+        waiting = conns + ([listener] if listener is not None else [])
+        ready, _, _ = select.select(waiting, [], [], 0.05 if children else None)
+        for sock in ready:
+            if sock is listener:
+                conn, _ = listener.accept()
+                conn.send(hello)
+                conns.append(conn)
+                continue
             msg, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 2)
             if not msg:
-                return 0  # the caller went away
+                if sock is owner:
+                    return 0  # the process that started it went away
+                conns.remove(sock)
+                sock.close()
+                continue
             pid = os.fork()
             if pid == 0:
-                _child(sock, fds, json.loads(msg), run)
+                _child([*conns, *([listener] if listener is not None else [])], fds, json.loads(msg), run)
             for f in fds:
                 os.close(f)
-            children.add(pid)
-            sock.send(json.dumps({"pid": pid}).encode())
-        for pid in list(children):
+            children[pid] = sock
+            _send(sock, {"pid": pid})
+        for pid, sock in list(children.items()):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
-                children.discard(pid)
-                sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+                del children[pid]
+                _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _child(sock: socket.socket, fds: list[int], request: dict, run: Callable[[list[str]], int]) -> None:
-    """In the forked child: take the caller's stdout pipe and log file, environment and folder; run; exit."""
+def _send(sock: socket.socket, message: dict) -> None:
+    """A reply; a caller that disconnected meanwhile (a kernel shut down) does not stop the zygote."""
+    try:
+        sock.send(json.dumps(message).encode())
+    except OSError:
+        pass
+
+
+def _child(socks: list[socket.socket], fds: list[int], request: dict, run: Callable[[list[str]], int]) -> None:
+    """In the forked child: take the caller's stdout pipe and log file, environment, PYTHONPATH and folder; run;
+    exit."""
     code = 1
     try:
-        sock.close()
+        for sock in socks:
+            sock.close()
         out, log = fds
         os.dup2(out, 1)
         os.dup2(log, 2)
@@ -255,6 +380,10 @@ def _child(sock: socket.socket, fds: list[int], request: dict, run: Callable[[li
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.environ.clear()
         os.environ.update(request["env"])
+        # the caller's PYTHONPATH entries the zygote lacks (a notebook's folder: model.build modules), after the
+        # script folder as a fresh interpreter would put them
+        extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+        sys.path[1:1] = extra
         os.chdir(request["cwd"])
         from helpers.run import startup
         startup.FORKED_FROM = os.getppid()

@@ -2,13 +2,16 @@
 passes exit codes and stderr through, and a zygote that cannot start leaves runs to fresh processes."""
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from helpers.spawn import zygote
-from helpers.spawn.runner import launch, stream_child
+from helpers.spawn.runner import child_env, launch, stream_child
 from helpers.tune.study import base_config
 
 pytestmark = pytest.mark.slow
@@ -63,3 +66,31 @@ def test_off_or_failing_zygote_leaves_runs_to_fresh_processes(tmp_path, small_co
     record = launch(_cfg(small_corpus), tmp_path / "broken", progress=False)
     assert record.status == "ok" and record.summary["process_start"] == "fresh"
     assert "note: started as a fresh process: it could not start" in (tmp_path / "broken" / "train.log").read_text()
+
+
+def test_a_shared_zygote_serves_every_caller_until_an_import_variable_differs(tmp_path, small_corpus, monkeypatch):
+    """`zygote.shared` (make workbook): each kernel connects to the one zygote instead of importing MindSpore into
+    its own; a child still gets its caller's PYTHONPATH (a model.build module beside the notebook) and folder; a
+    caller whose import-time variables differ gets a zygote of its own."""
+    monkeypatch.delenv(zygote.SWITCH_ENV, raising=False)
+    monkeypatch.setattr(zygote, "_current", None)
+    with zygote.shared(child_env()):
+        path = Path(os.environ[zygote.SOCKET_ENV])
+        assert path.exists()
+        assert launch(_cfg(small_corpus), tmp_path / "a", progress=False).summary["process_start"] == "forked"
+        first = zygote._current
+        assert first.proc is None  # connected, not started here
+        zygote._current = None  # the next kernel: a process of its own, connecting anew
+        first.close()
+        shutil.copy(Path(__file__).parent.parent / "user_net.py", tmp_path / "user_net_shared.py")
+        monkeypatch.chdir(tmp_path)  # the caller's folder: on its PYTHONPATH, not on the zygote's
+        cfg = base_config("tiny", 6, str(small_corpus), {"steady_after": 2, "model.build": "user_net_shared:build"})
+        record = launch(cfg, tmp_path / "b", progress=False)
+        assert record.status == "ok" and record.summary["process_start"] == "forked"
+        assert zygote._current.proc is None and zygote._current.pid == first.pid
+        monkeypatch.setenv("MS_TEST_MARK", "1")  # read at import: the shared zygote does not fit any more
+        launch(_cfg(small_corpus), tmp_path / "c", progress=False)
+        assert zygote._current.proc is not None and zygote._current.pid != first.pid
+        zygote._current.close()
+        zygote._current = None
+    assert zygote.SOCKET_ENV not in os.environ and not path.exists()
