@@ -22,8 +22,11 @@ from helpers.paths import DATA_CACHE
 # Keys that do not change the compiled graph: where the cache lives, where a resume starts from, when a run ends;
 # the input pipeline (its batches are the graph's inputs; the vocabulary, which sizes the graph, is `graph_key`);
 # what is measured or watched from Python (profiler window, monitors that only read), evaluation and checkpoint
-# cadence. The seed only matters to random ops in the graph (`_graph_keys`).
+# cadence; the learning-rate schedule's values (the per-step LR list is AdamWeightDecay's `learning_rate`
+# Parameter, whose length, `steps`, is in the graph and its values are not). The seed only matters to random ops
+# in the graph (`_graph_keys`).
 _NOT_IN_GRAPH = ("compile_cache", "compile_cache_path", "resume_from", "target_val_loss", "max_time_s",
+                 "lr", "warmup", "schedule", "min_lr",
                  "data.autotune", "data.num_parallel_workers", "data.order", "data.prefetch",
                  "data.python_multiprocessing", "data.shuffle_buffer", "data.source_delay_ms", "data.tokenize",
                  "data.val_fraction", "monitor.profile_steps", "monitor.profile_start", "monitor.spike_ratio",

@@ -35,15 +35,18 @@ def test_warm_compile_cache_trains_like_cold_and_is_per_config(tmp_path, small_c
 
 
 def test_keys_outside_the_graph_share_a_cache_folder_and_train_as_without_it(tmp_path, small_corpus):
-    """Seed (no dropout), data pipeline, profiler window and evaluation cadence do not change the compiled graph:
-    a run differing only in them loads the cached graph and trains exactly as it does uncached."""
+    """Seed (no dropout), data pipeline, profiler window, evaluation cadence and the LR schedule's values do not
+    change the compiled graph: a run differing only in them loads the cached graph and trains exactly as it does
+    uncached (so the LR it trains with is its own, not the cached run's)."""
     cache = f"compile_cache_path={tmp_path / 'cache'}"
-    _train(tmp_path / "first", small_corpus, cache, "seed=1")
-    other = ["seed=2", "data.shuffle_buffer=4", "data.num_parallel_workers=2", "eval_every=5", "steady_after=2"]
+    first, _ = _train(tmp_path / "first", small_corpus, cache, "seed=1")
+    other = ["seed=2", "data.shuffle_buffer=4", "data.num_parallel_workers=2", "eval_every=5", "steady_after=2",
+             "lr=0.004", "warmup=2", "schedule=linear", "min_lr=0.0005"]
     warm, warm_s = _train(tmp_path / "warm", small_corpus, cache, *other)
     fresh, fresh_s = _train(tmp_path / "fresh", small_corpus, "compile_cache=false", *other)
     assert len(list((tmp_path / "cache").iterdir())) == 1  # one folder: the second run found the first's
     assert warm == pytest.approx(fresh, rel=1e-6, abs=0)
+    assert warm != pytest.approx(first, rel=1e-3)  # it trained its own seed and LR, not the cached run's
     assert warm_s["fixed_cost_s"]["compile"] < fresh_s["fixed_cost_s"]["compile"]
     # with dropout the seed is in the graph's random ops: its own folder
     _train(tmp_path / "drop1", small_corpus, cache, "seed=1", "model.dropout=0.1")
