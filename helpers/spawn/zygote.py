@@ -333,10 +333,17 @@ def serve(fd: int, run: Callable[[list[str]], int], listen_fd: int | None = None
         for sock in ready:
             if sock is listener:
                 conn, _ = listener.accept()
-                conn.send(hello)
+                try:
+                    conn.send(hello)
+                except OSError:  # it went away while waiting to be accepted (a kernel already shut down)
+                    conn.close()
+                    continue
                 conns.append(conn)
                 continue
-            msg, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 2)
+            try:
+                msg, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 2)
+            except OSError:  # reset by a caller that died: as if it had closed
+                msg, fds = b"", []
             if not msg:
                 if sock is owner:
                     return 0  # the process that started it went away

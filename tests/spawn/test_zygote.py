@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -77,6 +78,8 @@ def test_a_shared_zygote_serves_every_caller_until_an_import_variable_differs(tm
     with zygote.shared(child_env()):
         path = Path(os.environ[zygote.SOCKET_ENV])
         assert path.exists()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as gone:  # a kernel that connects, then dies
+            gone.connect(str(path))                                        # before the zygote is ready
         assert launch(_cfg(small_corpus), tmp_path / "a", progress=False).summary["process_start"] == "forked"
         first = zygote._current
         assert first.proc is None  # connected, not started here
