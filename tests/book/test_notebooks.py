@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,13 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from helpers.book.notebooks import (NOTEBOOKS_DIR, WorkbookError, check_params, discover, notebook_parameters,
                                   preflight, run_workbook)
+from helpers.record import load_run
+from helpers.spawn import zygote
 from tests.conftest import run_cli
+
+
+def load_runs(folder: Path) -> list:
+    return [load_run(p.parent) for p in sorted(folder.rglob("summary.json"))]
 
 NOTEBOOKS = discover(NOTEBOOKS_DIR)
 # The notebooks on the shared tuning workbook (others, e.g. 10_data_parallel, keep their own runs).
@@ -148,10 +155,15 @@ def test_workbook_run_writes_a_report(tmp_path, small_corpus):
 
     assert {r.name: r.error for r in results if r.status != "ok"} == {}
     assert [r.name for r in results] == [p.stem for p in mine]
+    # training children came from the workbook's one zygote, which is gone with the run
+    assert {r.summary["process_start"] for r in load_runs(out / "workbook" / "baseline")} == {"forked"}
+    assert zygote.SOCKET_ENV not in os.environ
     for path in mine:
         executed = nbformat.read(str(out / path.name), as_version=4)
         errors = [o for c in executed.cells for o in c.get("outputs", []) if o.output_type == "error"]
         assert errors == [], path.name
+        # the kernel's warm-up imports were silent: the notebook's own cells are counted from 1
+        assert [c.execution_count for c in executed.cells if c.cell_type == "code"][0] == 1, path.name
         if path.stem in WORKBOOK_NOTEBOOKS:
             assert executed.metadata["papermill"]["parameters"]["workbook_dir"] == str(out.resolve() / "workbook")
         assert (out / f"{path.stem}.html").stat().st_size > 10_000
