@@ -320,7 +320,7 @@ def serve(fd: int, run: Callable[[list[str]], int], listen_fd: int | None = None
     import mindspore.dataset  # noqa: F401
     import helpers.run.pair  # noqa: F401
     import helpers.run.train  # noqa: F401
-    import helpers.tune.paired  # noqa: F401  (a paired process's stop rule)
+    import scipy.special  # noqa: F401  (a paired process's stop rule, helpers/tune/paired.py, needs it)
     owner = socket.socket(fileno=fd)
     listener = socket.socket(fileno=listen_fd) if listen_fd is not None else None
     hello = json.dumps({"ready": os.getpid(), "started": started, "env": env}).encode()
