@@ -24,7 +24,7 @@ from typing import Callable
 from helpers.config import Config, with_changes
 from helpers.record import atomic_write_json, update_summary
 from helpers.run.metrics import peak_rss_bytes, rss_bytes
-from helpers.run.profile import window_steps
+from helpers.run.profile import window_steps, with_profiler
 from helpers.run.train import Trainer, configure_mindspore
 
 PAIRED_FILE = "paired.json"
@@ -140,7 +140,7 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     # Process-wide settings are equal for both arms on the paired path. The compile cache stays off: MindSpore
     # keys it by source files, not by graph, so two arms' graphs in one process could load each other's.
     if profile_steps:
-        reference, candidate = (c if c.monitor.profile_steps else _profiled(c, profile_steps)
+        reference, candidate = (c if c.monitor.profile_steps else with_profiler(c, profile_steps)
                                 for c in (reference, candidate))
     configure_mindspore(with_changes(candidate, {"compile_cache": False}))
     if setup is not None:
@@ -188,13 +188,6 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     out["wall_s"] = time.perf_counter() - t0
     atomic_write_json(folder / paired_file, out)
     return out
-
-
-def _profiled(cfg: Config, steps: int) -> Config:
-    """`cfg` with a profiler window of up to `steps` steps after its steady_after, inside its own record: at most
-    half its steady steps, as a profiled run of its own (runner.with_profiler)."""
-    window = max(1, min(steps, (cfg.steps - cfg.steady_after) // 2))
-    return with_changes(cfg, {"monitor.profile_steps": window, "monitor.profile_start": 0})
 
 
 def _interleaved(arms: _Arms, order: tuple[str, str], k: int) -> dict[str, list[float]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from helpers.config import Config, ConfigError
+from helpers.config import Config, ConfigError, with_changes
 from helpers.record import RecordError, atomic_write_json, atomic_write_text, rows_to_csv
 from helpers.run.device_profile import activities, read_op_table
 
@@ -39,6 +39,13 @@ def window_steps(cfg: Config) -> tuple[int, int] | None:
         return None
     first = cfg.monitor.profile_start or cfg.steady_after + 1
     return first, first + k - 1
+
+
+def with_profiler(cfg: Config, window: int) -> Config:
+    """`cfg` with a profiler window of up to `window` steady steps: at most half of them, so unprofiled steps
+    remain to measure speed (and the profiler's overhead against)."""
+    window = max(1, min(window, (cfg.steps - cfg.steady_after) // 2))
+    return with_changes(cfg, {"monitor.profile_steps": window, "monitor.profile_start": 0})
 
 
 def check_path(run_dir) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import REPO_ROOT, absolute
+from helpers.run.profile import with_profiler
 from helpers.run.rows import decode_row
 from helpers.spawn import zygote
 from helpers.spawn.live import publish
@@ -91,13 +92,6 @@ def _show(bar, label: str, line: str) -> None:
     bar.n = msg["step"]
     bar.set_postfix(loss=f"{msg['loss']:.3f}", tok_s=f"{msg['tokens_per_s']:.0f}", refresh=False)
     bar.refresh()
-
-
-def with_profiler(cfg: Config, window: int) -> Config:
-    """`cfg` with a profiler window of up to `window` steady steps: at most half of them, so unprofiled steps
-    remain to measure speed (and the profiler's overhead against)."""
-    window = max(1, min(window, (cfg.steps - cfg.steady_after) // 2))
-    return config_mod.with_changes(cfg, {"monitor.profile_steps": window, "monitor.profile_start": 0})
 
 
 def profile_run(cfg: Config, run_dir, window: int = 20, progress: bool = True):

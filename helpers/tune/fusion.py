@@ -17,9 +17,9 @@ import pandas as pd
 
 from helpers import config as config_mod
 from helpers.config import Config
-from helpers.run.profile import PROFILE_DIR, PROFILE_JSON, load_profile
+from helpers.run.profile import PROFILE_DIR, PROFILE_JSON, load_profile, with_profiler
 from helpers.record import RecordError, RunRecord, load_run
-from helpers.spawn.runner import launch, with_profiler
+from helpers.spawn.runner import launch
 from helpers.tune.ledger import RoundError
 from helpers.tune.study import base_config
 
@@ -69,7 +69,7 @@ def profile_arms(result, window: int = 8, progress: bool = True) -> tuple[RunRec
     """(reference, candidate): each arm's profiled record. A paired round run with `profile_steps` profiled both
     arms in its own process (`Workbook.run_round`): those records are returned as they are. Otherwise one more
     run of each arm, each in its own process with a profiler window of up to `window` steady steps
-    (`runner.with_profiler`), under `<round>/profiled/`; a finished profiled run of the same config already
+    (`profile.with_profiler`), under `<round>/profiled/`; a finished profiled run of the same config already
     there is reused, so rerunning the notebook trains nothing twice."""
     arms = []
     for role, runs in (("reference", result.reference_runs), ("candidate", result.candidate_runs)):
