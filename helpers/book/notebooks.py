@@ -180,7 +180,10 @@ def start_kernel(kernel: str, cwd: Path):
             run_sync(km.start_kernel)(cwd=str(cwd))
     except Exception:  # noqa: BLE001  (no such kernel, no resources): papermill's own start says why
         return None
-    km.warm_client = warm_imports(km)
+    try:
+        km.warm_client = warm_imports(km)
+    except Exception:  # noqa: BLE001  a speed-up only: the notebook's own cells import what they need
+        km.warm_client = None
     return km
 
 
