@@ -14,7 +14,6 @@ from pathlib import Path
 from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import REPO_ROOT, absolute
-from helpers.run.profile import with_profiler
 from helpers.run.rows import decode_row
 from helpers.spawn import zygote
 from helpers.spawn.live import publish
@@ -97,4 +96,5 @@ def _show(bar, label: str, line: str) -> None:
 def profile_run(cfg: Config, run_dir, window: int = 20, progress: bool = True):
     """Train `cfg` once more in its own process with a profiler window (`with_profiler`); returns the
     RunRecord, whose profile `load_profile(record.path)` reads."""
+    from helpers.run.profile import with_profiler  # numpy: not on the CLI's fast path (a typo fails in ~0.1 s)
     return launch(with_profiler(cfg, window), run_dir, progress=progress, desc=f"profiled {Path(run_dir).name}")
