@@ -29,7 +29,7 @@ from pathlib import Path
 from helpers.config import with_changes
 from helpers.spawn.paired import launch_pair
 from helpers.spawn.runner import child_env
-from helpers.tune.paired import SpeedPlan, log_ratios, trimmed_interval
+from helpers.paired import Measurement, SpeedPlan, interval_of
 from helpers.tune.rounds import Workbook
 from helpers.tune.study import base_config
 
@@ -79,8 +79,7 @@ def calibrate(cfg, probe: int = PROBE_WIDTH) -> dict:
         _, _, raw, error = launch_pair(cfg, heavy, Path(tmp), CALIBRATION.to_dict(), progress=False)
     if error or not raw or len(raw["pairs"]) < CALIBRATION.max_pairs:
         raise RuntimeError(f"ballast calibration failed: {error or (raw or {}).get('reason')}")
-    x = log_ratios(raw["pairs"], 1, 1, CALIBRATION.rank)
-    iv = trimmed_interval(x, 0.01, CALIBRATION.trim)
+    iv = interval_of(Measurement.from_raw(raw), CALIBRATION, 0.01)
     slowdown = math.exp(-iv.estimate) - 1  # step time factor − 1 at the probe width
     widths = {name: max(1, round(probe * f / slowdown)) for name, f in FRACTIONS.items()}
     return {"probe_width": probe, "probe_step_time_increase": slowdown,

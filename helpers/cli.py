@@ -112,16 +112,22 @@ def _run_msrun(cfg, out, progress) -> int:
 def cmd_pair(args) -> int:
     """A paired round's training process (started by helpers/spawn/paired.py): both arms in this process."""
     import json
+    from helpers.paired import SpeedPlan, stop_rule
     from helpers.run.pair import run_pair
-    from helpers.tune.paired import SpeedPlan, stop_rule
     request = json.loads(Path(args.request).read_text(encoding="utf-8"))
     ref, cand = load_config(request["reference"]), load_config(request["candidate"])
     plan = SpeedPlan.from_dict(request["plan"])
-    tokens = [c.batch_size * c.grad_accum_steps * c.model.seq_len for c in (ref, cand)]
-    out = run_pair(ref, cand, Path(request["folder"]), plan.block_steps, plan.max_pairs,
-                   stop_rule(plan, *tokens), interleave=plan.interleave,
-                   profile_steps=request.get("profile_steps", 0))
+    out = run_pair(ref, cand, Path(request["folder"]), plan.block_steps, plan.max_pairs, stop_rule(plan),
+                   interleave=plan.interleave, profile_steps=request.get("profile_steps", 0))
     return 0 if out["status"] != "failed" else 1
+
+
+def cmd_arm(args) -> int:
+    """One arm of a stepped round (started by helpers/spawn/stepped.py): steps when its parent asks."""
+    from helpers.run.arm import serve
+    host, port = args.connect.rsplit(":", 1)
+    return serve(load_config(args.config), Path(args.out), args.arm, (host, int(port)), args.warmup,
+                 args.extra_steps)
 
 
 def cmd_zygote(args) -> int:
@@ -246,6 +252,15 @@ def parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("pair", help="(internal) a paired round's process: reference and candidate in ABBA blocks")
     pr.add_argument("--request", required=True, help="JSON: reference, candidate (config files), folder, plan")
     pr.set_defaults(func=cmd_pair)
+
+    am = sub.add_parser("arm", help="(internal) one arm of a stepped round: a process that steps when asked")
+    am.add_argument("--config", required=True)
+    am.add_argument("--out", required=True)
+    am.add_argument("--arm", required=True, choices=["reference", "candidate"])
+    am.add_argument("--connect", required=True, help="host:port of the round's parent")
+    am.add_argument("--warmup", type=int, required=True, help="steps before the arm says it is ready")
+    am.add_argument("--extra-steps", type=int, default=0, help="measurement-only steps allowed past its last")
+    am.set_defaults(func=cmd_arm)
 
     z = sub.add_parser("zygote", help="(internal) preload MindSpore, then fork one training child per request")
     z.add_argument("--fd", type=int, required=True, help="the Unix socket its caller passed")

@@ -70,6 +70,9 @@ class ModelConfig:
     ballast: int = _knob(0, "test-only: width of an extra MatMul [tokens, d_model] × [d_model, ballast] whose output "
                             "enters the loss multiplied by zero (a real cost of known size for bench.py power); "
                             "0 = off", ge=0)
+    ballast_every: int = _knob(0, "test-only: run the ballast only in every k-th step, as its own MatMul outside the "
+                                  "step's graph (an intermittent cost of known size for bench.py validity); 0 = "
+                                  "inside every step's graph", ge=0)
 
 
 @dataclass
@@ -184,6 +187,22 @@ class Config:
     checkpoint_every: int = _knob(0, "steps between checkpoints; 0 = only at the end", ge=0)
     keep_checkpoints: int = _knob(2, "how many recent checkpoints to keep", ge=1)
     resume_from: str = _knob("", "run directory or .ckpt file to continue from")
+
+    # Derived values: one home each, read everywhere.
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step over every rank and accumulated micro-batch (batch_size × grad_accum_steps)."""
+        return self.batch_size * self.grad_accum_steps
+
+    @property
+    def micro_batch_per_device(self) -> int:
+        """Sequences one process computes per forward/backward pass (batch_size / parallel.data_parallel)."""
+        return self.batch_size // self.parallel.data_parallel
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step (global batch × model.seq_len)."""
+        return self.global_batch * self.model.seq_len
 
 
 FP32_CELL_CHOICES = ("layernorm", "softmax")
@@ -342,6 +361,9 @@ def validate(cfg: Config) -> Config:
     if m.kernels == "native" and cfg.amp_level != "O0":
         raise ConfigError(f"model.kernels=native computes in fp32 only and amp_level={cfg.amp_level} casts to "
                           f"{cfg.amp_dtype}; use model.kernels=mindspore or auto with AMP, or amp_level=O0")
+    if m.ballast_every and not m.ballast:
+        raise ConfigError(f"model.ballast_every={m.ballast_every} needs model.ballast > 0 (the MatMul's width); set "
+                          f"model.ballast or model.ballast_every=0")
     if m.build and ":" not in m.build:
         raise ConfigError(f"model.build={m.build!r} must look like 'package.module:function'")
     return cfg
@@ -508,13 +530,3 @@ def absolute_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config
     flat = flatten(cfg)
     changes = {k: v for k, v in changes.items() if flat[k] != v}
     return with_changes(cfg, changes) if changes else cfg
-
-
-def global_batch(cfg: Config) -> int:
-    """Sequences per optimizer step over every rank and accumulated micro-batch (batch_size × grad_accum_steps)."""
-    return cfg.batch_size * cfg.grad_accum_steps
-
-
-def micro_batch_per_device(cfg: Config) -> int:
-    """Sequences one process computes per forward/backward pass (batch_size / parallel.data_parallel)."""
-    return cfg.batch_size // cfg.parallel.data_parallel

@@ -165,6 +165,15 @@ class RunRecord:
         """Checkpoint files, oldest first."""
         return sorted((self.path / "checkpoints").glob("step_*.ckpt"))
 
+    def speed_rows(self) -> list[dict]:
+        """The rows its speed figures come from: the steady window (from the summary's `steady_window`, else
+        after `steady_after`), the profiler's window (`profiled_steps`) left out, timed steps only."""
+        window = self.summary.get("steady_window")
+        first = window[0] if window else self.config.steady_after + 1
+        skip = self.summary.get("profiled_steps") or (0, -1)
+        return [r for r in self.metrics if r["step"] >= first and not skip[0] <= r["step"] <= skip[1]
+                and r.get("step_time_ms") is not None]
+
 
 def median_summary(records: list[RunRecord], key: str) -> float | None:
     """Median of a summary.json key over runs that have it (units of that key); None when none do."""

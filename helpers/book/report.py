@@ -17,8 +17,6 @@ from helpers.record import RunRecord, median_summary
 from helpers.tune.rounds import load_runs
 from helpers.units import MIB
 from helpers.run.memory import memory_label
-from helpers.config import global_batch, micro_batch_per_device
-
 
 
 def _num(value: Any, scale: float = 1.0, digits: int = 1):
@@ -37,8 +35,8 @@ def run_row(record: RunRecord) -> dict[str, Any]:
         "status": s.get("status"),
         "params (M)": _num(s.get("n_params"), 1e-6, 3),
         "data parallel": dp,
-        "global batch": global_batch(cfg),
-        "micro-batch/device": micro_batch_per_device(cfg),
+        "global batch": cfg.global_batch,
+        "micro-batch/device": cfg.micro_batch_per_device,
         "step (ms)": _num(s.get("step_time_ms")),
         "tokens/s": _num(s.get("tokens_per_s"), digits=0),
         "MFU (%)": _num(s.get("mfu"), 100.0, 2),

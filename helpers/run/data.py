@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from dataclasses import dataclass
@@ -373,34 +374,106 @@ def window_count(n_tokens: int, seq_len: int) -> int:
 
 # -------------------------------------------------------------------------------------------- pipeline
 
+class DataGate:
+    """Lets a run's input pipeline work only while its arm steps, when two arms take turns on one machine.
+
+    In a run of its own the pipeline works while the steps run (and fills its prefetch queue ahead of them). When a
+    round's two arms take turns (helpers/run/pair.py, helpers/run/arm.py), the arm that waits would otherwise go on
+    reading and mapping samples during the other arm's steps and meet no data wait of its own when its turn comes:
+    the round would hide exactly the stalls a run of it pays. So the source and the map ops wait while the gate is
+    closed, and the simulated storage latency (`data.source_delay_ms`) counts only time while it is open. Work
+    already in flight when it closes (one sample per worker) finishes. Map workers in processes
+    (data.python_multiprocessing) get an always-open copy: the gated source still paces them.
+    """
+
+    def __init__(self, is_open: bool = False):
+        self._cond = threading.Condition()
+        self._open = is_open
+        self._opened_at = time.monotonic()
+        self._open_s = 0.0
+
+    def __reduce__(self):  # a copy in another process cannot see this one's state: it never blocks
+        return _AlwaysOpen, ()
+
+    def open(self) -> None:
+        with self._cond:
+            if not self._open:
+                self._open, self._opened_at = True, time.monotonic()
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            if self._open:
+                self._open_s += time.monotonic() - self._opened_at
+                self._open = False
+
+    def open_seconds(self) -> float:
+        """Seconds the gate has been open in all (s)."""
+        with self._cond:
+            return self._open_s + (time.monotonic() - self._opened_at if self._open else 0.0)
+
+    def wait(self) -> None:
+        """Return once the gate is open."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._open)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep until the gate has been open for `seconds` more (s) — storage that serves only a running arm."""
+        until = self.open_seconds() + seconds
+        while True:
+            self.wait()
+            left = until - self.open_seconds()
+            if left <= 0:
+                return
+            with self._cond:
+                self._cond.wait(timeout=left)  # a close in between: the loop waits for the next open
+
+
+class _AlwaysOpen(DataGate):
+    """The gate of a run of its own (and of map workers in other processes): open, and it stays open."""
+
+    def __init__(self):
+        super().__init__(is_open=True)
+
+    def close(self) -> None:
+        pass
+
+
+OPEN_GATE = _AlwaysOpen()
+
+
 class _IndexSource:
     """Random-access source: sample k is window k % count, for as many samples as the run needs.
 
-    Sleeps per sample to simulate slow storage.
+    Sleeps per sample to simulate slow storage (open-gate time only, see DataGate).
     """
 
-    def __init__(self, count: int, samples: int, delay_s: float):
+    def __init__(self, count: int, samples: int, delay_s: float, gate: DataGate):
         self.count = count
         self.samples = samples
         self.delay_s = delay_s
+        self.gate = gate
 
     def __len__(self) -> int:
         return self.samples
 
     def __getitem__(self, k: int):
         if self.delay_s:
-            time.sleep(self.delay_s)
+            self.gate.sleep(self.delay_s)
+        self.gate.wait()
         return (np.array(k % self.count, dtype=np.int64),)
 
 
 class _SliceWindow:
     """Map op for tokenize=ahead: window index → (x, y) cut from the pre-tokenized train tokens."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int):
+    def __init__(self, tokens: np.ndarray, seq_len: int, gate: DataGate):
         self.tokens = tokens
         self.seq_len = seq_len
+        self.gate = gate
 
     def __call__(self, index):
+        self.gate.wait()
         start = int(index) * self.seq_len
         window = self.tokens[start:start + self.seq_len + 1]
         return window[:-1], window[1:]
@@ -409,15 +482,17 @@ class _SliceWindow:
 class _TokenizeWindow:
     """Map op for tokenize=on_the_fly: window index → (x, y) by encoding a span of the raw train text."""
 
-    def __init__(self, text: str, tokenizer: Tokenizer, seq_len: int, n_tokens: int):
+    def __init__(self, text: str, tokenizer: Tokenizer, seq_len: int, n_tokens: int, gate: DataGate):
         self.text = text
         self.tokenizer = tokenizer
         self.seq_len = seq_len
         self.n_tokens = n_tokens
+        self.gate = gate
         # A first guess at the characters that hold seq_len+1 tokens, with slack for denser passages.
         self.span = int((seq_len + 1) * len(text) / n_tokens * 1.25) + 16
 
     def __call__(self, index):
+        self.gate.wait()
         # Window i starts at the same relative position as token i*seq_len (exactly it for char).
         start = int(index) * self.seq_len * len(self.text) // self.n_tokens
         need, span = self.seq_len + 1, self.span
@@ -441,11 +516,13 @@ class _RankRows:
         return x[self.start:self.stop], y[self.start:self.stop]
 
 
-def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, shard: tuple[int, int] | None = None):
+def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, shard: tuple[int, int] | None = None,
+                  gate: DataGate = OPEN_GATE):
     """MindSpore dataset of (x, y) int32 [batch_size, seq_len] batches, y = x shifted by one token.
 
     shard=(rank, n): data parallel; every rank draws the same global batches and keeps its contiguous
     batch_size/n rows, so the n shards of a step together are exactly the single-process batch.
+    gate: the pipeline works only while it is open (an arm of a round that takes turns, see DataGate).
 
     Yields cfg.steps * cfg.grad_accum_steps batches minus `skip_batches` (already consumed ones, on
     resume), cycling through the windows as many epochs as needed. Sets MindSpore's global dataset seed
@@ -469,13 +546,13 @@ def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, shard: tup
     # drain (read, map) the rest of the epoch before the iterator ends.
     # shuffle=False: GeneratorDataset shuffles random-access sources by default, which would bypass `order`.
     # Reads use the map's worker count (threads: they only sleep), so workers can hide slow storage.
-    source = ds.GeneratorDataset(_IndexSource(count, total * batch, data.source_delay_ms / 1000.0),
+    source = ds.GeneratorDataset(_IndexSource(count, total * batch, data.source_delay_ms / 1000.0, gate),
                                  column_names=["index"], shuffle=False,
                                  num_parallel_workers=data.num_parallel_workers, python_multiprocessing=False)
     if data.tokenize == "on_the_fly":
-        window = _TokenizeWindow(prep.text_train, prep.tokenizer, seq_len, len(prep.train_tokens))
+        window = _TokenizeWindow(prep.text_train, prep.tokenizer, seq_len, len(prep.train_tokens), gate)
     else:
-        window = _SliceWindow(prep.train_tokens, seq_len)
+        window = _SliceWindow(prep.train_tokens, seq_len, gate)
 
     def to_xy(pipe):
         return pipe.map(operations=window, input_columns=["index"], output_columns=["x", "y"],

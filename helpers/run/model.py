@@ -269,7 +269,7 @@ class GPT(nn.Cell):
         # Test-only ballast (bench.py power): real MatMul work, forward and backward, that cannot change the loss.
         # The zero is a non-trainable Parameter, not a constant, so the graph compiler cannot fold the work away.
         self.ballast = None
-        if cfg.ballast:
+        if cfg.ballast and not cfg.ballast_every:  # with ballast_every it runs outside the graph (`Ballast`)
             self.ballast = Parameter(initializer(Normal(0.02), (cfg.d_model, cfg.ballast), ms.float32),
                                      name="ballast", requires_grad=False)
             self.ballast_zero = Parameter(Tensor(0.0, ms.float32), name="ballast_zero", requires_grad=False)
@@ -287,6 +287,23 @@ class GPT(nn.Cell):
             work = self.ballast_sum(self.ballast_mm(x, self.ballast.astype(x.dtype)))
             x = x + self.ballast_zero.astype(x.dtype) * work
         return self.head(x, self.tok.embedding_table.astype(x.dtype))
+
+
+class Ballast(nn.Cell):
+    """Test-only intermittent cost (model.ballast_every, bench.py validity): one real MatMul [tokens, d_model] ×
+    [d_model, width] and its sum, run by the trainer inside every k-th step's timing, outside the step's graph;
+    it touches no parameter of the model."""
+
+    def __init__(self, tokens: int, d_model: int, width: int):
+        super().__init__()
+        self.x = Parameter(initializer(Normal(1.0), (tokens, d_model), ms.float32), name="ballast_x",
+                           requires_grad=False)
+        self.w = Parameter(initializer(Normal(0.02), (d_model, width), ms.float32), name="ballast_w",
+                           requires_grad=False)
+        self.mm, self.sum = ops.MatMul(), ops.ReduceSum()
+
+    def construct(self):
+        return self.sum(self.mm(self.x, self.w))
 
 
 class LossNet(nn.Cell):

@@ -4,8 +4,10 @@ R C, C R, R C, …) so that whatever else the machine does hits both arms alike.
 
 Each arm still writes a normal run record (its `cfg.steps` steps, evals, checkpoint) into its own folder; blocks
 that go on past an arm's last recorded step are measurement-only (`Trainer.extra_steps`). The block step times
-go to `paired.json` in the round folder; the estimator that reads them lives in helpers/tune/paired.py (the
-`stop` callable passed in decides after each pair whether to go on).
+go to `paired.json` in the round folder, with each step's data wait and the CPU other processes used during each
+pair; the estimator that reads them is helpers/paired.py (the `stop` callable passed in decides after each pair
+whether to go on). Each arm's input pipeline works only while that arm steps (data.DataGate), as in a run of its
+own: the waiting arm cannot read ahead during the other's steps.
 
 Memory: `rss_bytes` and ru_maxrss are the process's, which here holds both arms. The candidate is built, warmed
 up and evaluated once *before the reference exists*, so the process high-water at that point is the candidate's
@@ -22,7 +24,10 @@ from pathlib import Path
 from typing import Callable
 
 from helpers.config import Config, with_changes
+from helpers.paired import Measurement
 from helpers.record import atomic_write_json, update_summary
+from helpers.run.data import DataGate
+from helpers.run.foreign import ForeignLoad
 from helpers.run.metrics import peak_rss_bytes, rss_bytes
 from helpers.run.profile import window_steps, with_profiler
 from helpers.run.train import Trainer, configure_mindspore
@@ -31,7 +36,7 @@ PAIRED_FILE = "paired.json"
 MEMORY_SCOPE = ("paired process: peak_memory_bytes is this arm's own ({how}); rows' rss_bytes and "
                 "process_peak_rss_bytes are the whole process (both arms)")
 
-StopRule = Callable[[list[tuple[list[float], list[float]]]], bool]
+StopRule = Callable[[Measurement], bool]
 
 
 def _emit(kind: str, **data) -> None:
@@ -69,18 +74,11 @@ class _Arms:
         self.trainers = {"candidate": make_trainer(candidate, folder / "candidate"),
                          "reference": make_trainer(reference, folder / "reference")}
         for trainer in self.trainers.values():
-            trainer.shares_process, trainer.extra_steps = True, extra_steps
-        self.finished: set[str] = set()
+            trainer.shares_process, trainer.extra_steps, trainer.gate = True, extra_steps, DataGate()
 
-    def block(self, name: str, k: int) -> list[float]:
-        """K step times of one arm; a record that reaches its last step inside the block is finished there and
-        the block goes on measurement-only."""
-        trainer = self.trainers[name]
-        times = trainer.step_block(k)
-        if len(times) < k and trainer.outcome is not None and trainer.outcome.status == "ok":
-            self.finish(name)
-            times += trainer.step_block(k - len(times))
-        return times
+    def block(self, name: str, k: int) -> tuple[list[float], list[float | None]]:
+        """K step times of one arm and their data waits (ms), see `Trainer.measure_block`."""
+        return self.trainers[name].measure_block(k)
 
     def row(self, name: str, times_ms: list[float], step: int) -> dict:
         """What the parent's live view draws for one arm after a block: its step count, its record's latest
@@ -90,29 +88,23 @@ class _Arms:
                 "tokens_per_s": self.tokens_per_step(name) * 1000.0 / statistics.median(times_ms)}
 
     def tokens_per_step(self, name: str) -> int:
-        cfg = self.trainers[name].cfg
-        return cfg.batch_size * cfg.grad_accum_steps * cfg.model.seq_len
+        return self.trainers[name].cfg.tokens_per_step
 
     def broken(self) -> list[str]:
         """Arms whose record ended other than 'ok' (NaN, a monitor's stop)."""
         return [n for n, t in self.trainers.items() if t.outcome is not None and t.outcome.status != "ok"]
 
-    def finish(self, name: str, reason: str = "") -> None:
-        if name not in self.finished:
-            self.trainers[name].finish(reason)
-            self.finished.add(name)
-
     def complete(self, out: dict) -> None:
         """Train each record to its last step and write its summary; once one arm failed or ended early, the
         other stops where it is (status 'stopped', naming why)."""
         for name, trainer in self.trainers.items():
-            if name in self.finished or not hasattr(trainer, "_base"):
+            if trainer.finished or not hasattr(trainer, "_base"):
                 continue  # written already, or never started (its own record or the error says why)
             other = next(n for n in self.trainers if n != name)
             try:
                 while trainer.outcome is None and not self.broken() and out["status"] != "failed":
                     trainer.step_block(trainer.cfg.steps)
-                self.finish(name, f"the {other} arm of this paired round ended first ({out['reason']})")
+                trainer.finish(f"the {other} arm of this paired round ended first ({out['reason']})")
             except Exception:  # its record says failed (Trainer._fail); the other arm is still completed
                 out["status"] = "failed"
 
@@ -120,7 +112,8 @@ class _Arms:
 def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: int, max_pairs: int,
              stop: StopRule, make_trainer: Callable[[Config, Path], Trainer] = Trainer,
              setup: Callable[[], None] | None = None, paired_file: str = PAIRED_FILE,
-             interleave: str = "blocks", profile_steps: int = 0) -> dict:
+             interleave: str = "blocks", profile_steps: int = 0,
+             own_pids: Callable[[], list[int]] | None = None) -> dict:
     """Train both arms in this process and measure them in ABBA blocks; returns (and writes) the raw record.
 
     block_steps: K steps per block; interleave: "blocks" (one arm's K steps, then the other's) or "steps" (the
@@ -133,7 +126,8 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     profile_steps: each arm gets a profiler window of that many steps right after its own steady_after (an arm
     whose config has a window keeps it); the warm-up of both arms runs to the later window's end, so every
     profiled step is taken while the other arm is not stepping (the candidate's before the reference exists):
-    one arm's ops per op table, and no profiled step inside a block.
+    one arm's ops per op table, and no profiled step inside a block. own_pids: the processes whose CPU is the
+    round's own while it measures (default: this one and its children; see run/foreign.py).
     """
     folder = Path(folder)
     t0 = time.perf_counter()
@@ -151,7 +145,8 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     arms = _Arms(reference, candidate, folder, warmup + block_steps * max_pairs, make_trainer)
     out = {"block_steps": block_steps, "interleave": interleave, "max_pairs": max_pairs, "warmup_steps": warmup,
            "tokens_per_step": {name: arms.tokens_per_step(name) for name in arms.trainers},
-           "pairs": [], "first_in_pair": [], "status": "running", "reason": "", "warmup_ms": {}}
+           "pairs": [], "waits": [], "foreign_cores": [], "first_in_pair": [], "status": "running", "reason": "",
+           "warmup_ms": {}}
     memory = out["memory"] = {"rss_before_models_bytes": rss_base}
     try:
         for name in ("candidate", "reference"):  # the candidate first: its high-water is then its own
@@ -165,19 +160,24 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
                 memory["candidate_peak_bytes"] = peak_rss_bytes()
         memory["reference_peak_bytes"] = rss_base + max(0, peak_rss_bytes() - memory["candidate_resident_bytes"])
         out["setup_s"] = time.perf_counter() - t0
+        tokens = tuple(out["tokens_per_step"][n] for n in ("reference", "candidate"))
+        foreign = ForeignLoad(own_pids)
         for i in range(max_pairs):
             order = ("reference", "candidate") if i % 2 == 0 else ("candidate", "reference")
+            foreign.start()
             got = _interleaved(arms, order, block_steps) if interleave == "steps" else \
                 {name: arms.block(name, block_steps) for name in order}
-            if arms.broken() or any(len(v) < block_steps for v in got.values()):
+            if arms.broken() or any(len(v[0]) < block_steps for v in got.values()):
                 out["status"] = "ended"
                 out["reason"] = f"{', '.join(arms.broken()) or 'an arm'} ended before pair {i + 1} was complete"
                 break
-            out["pairs"].append((got["reference"], got["candidate"]))
+            out["pairs"].append((got["reference"][0], got["candidate"][0]))
+            out["waits"].append((got["reference"][1], got["candidate"][1]))
+            out["foreign_cores"].append(foreign.read())
             out["first_in_pair"].append(order[0])
             _emit("pair", pair=i + 1, max_pairs=max_pairs,
-                  arms={name: arms.row(name, got[name], warmup + (i + 1) * block_steps) for name in order})
-            if stop(out["pairs"]):
+                  arms={name: arms.row(name, got[name][0], warmup + (i + 1) * block_steps) for name in order})
+            if stop(Measurement(out["pairs"], tokens, out["waits"], out["foreign_cores"])):
                 break
         out["status"] = "ok" if out["status"] == "running" else out["status"]
         out["measure_s"] = time.perf_counter() - t0 - out["setup_s"]
@@ -190,14 +190,16 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     return out
 
 
-def _interleaved(arms: _Arms, order: tuple[str, str], k: int) -> dict[str, list[float]]:
+def _interleaved(arms: _Arms, order: tuple[str, str], k: int) -> dict[str, tuple[list[float], list[float | None]]]:
     """One pair with its two blocks woven together: K single steps of each arm in ABBA order (first arm of the
     pair, then the other, then the other twice …), so a slow stretch of the machine that starts mid-pair lands on
-    both arms' blocks alike instead of on one block."""
-    got = {name: [] for name in order}
+    both arms' blocks alike instead of on one block. Per arm: (step ms, data wait ms)."""
+    got = {name: ([], []) for name in order}
     for j in range(k):
         for name in order if j % 2 == 0 else order[::-1]:
-            got[name] += arms.block(name, 1)
+            times, waits = arms.block(name, 1)
+            got[name][0].extend(times)
+            got[name][1].extend(waits)
     return got
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from helpers import config as config_mod
 from helpers.config import Config, ConfigError
+from helpers.run.data import OPEN_GATE, DataGate
 from helpers.run.env import environment, peak_flops_info, peak_summary
 from helpers.run.hooks import RunHooks
 from helpers.run.precision import apply_precision
@@ -128,6 +129,10 @@ class Trainer:
         self.outcome: Outcome | None = None  # set when the record's steps end (ok, nan, stopped)
         self.extra_steps = 0  # measurement-only steps allowed after the last recorded one (paired rounds)
         self.shares_process = False  # another Trainer already set up MindSpore in this process (paired rounds)
+        # the input pipeline works only while this gate is open: always, unless a round's arms take turns
+        self.gate: DataGate = OPEN_GATE
+        self.block_waits: list[float | None] = []  # data wait (ms) of each step of the last step_block
+        self.finished = False  # finish() wrote the summary
         self._peak = None
 
     def _configure(self) -> None:
@@ -173,10 +178,15 @@ class Trainer:
         # On a device the per-step figure is MindSpore's allocator peak; on CPU its counters are always 0.
         self.device_memory = DeviceMemory(cfg.device_target) if cfg.device_target != "CPU" else None
         self._compile_cells(ms)
+        self._ballast = None
+        if cfg.model.ballast_every:  # test-only intermittent cost (model.ballast_every)
+            from helpers.run.model import Ballast
+            self._ballast = Ballast(cfg.tokens_per_step, cfg.model.d_model, cfg.model.ballast)
+            self._ballast().asnumpy()  # compiled now, not inside the first step that runs it
         if cfg.amp_level != "O0":  # after the real model is built, so its init (RNG draws) matches O0 runs
             self._audit_amp(vocab)
         self.val = [(ms.Tensor(x), ms.Tensor(y)) for x, y in val_batches(cfg, self.prep)]
-        self._train_dataset = lambda skip: train_dataset(cfg, self.prep, skip_batches=skip)
+        self._train_dataset = lambda skip: train_dataset(cfg, self.prep, skip_batches=skip, gate=self.gate)
 
     def _audit_amp(self, vocab: int) -> None:
         """Write dtype_audit.json and keep its summary for summary.json (`amp_audit`)."""
@@ -294,6 +304,11 @@ class Trainer:
             loss = float(loss.asnumpy())
         return loss, float(norm.asnumpy()), bool(finite.asnumpy()), float(scale.asnumpy()), wait * 1000.0
 
+    def _intermittent(self, step: int) -> None:
+        """The test-only ballast of every k-th step (model.ballast_every), inside that step's time."""
+        if self._ballast is not None and step % self.cfg.model.ballast_every == 0:
+            self._ballast().asnumpy()
+
     def run(self) -> Outcome:
         """Train `cfg.steps` steps (continuing a checkpoint if resume_from), writing the record."""
         self.start()
@@ -340,20 +355,40 @@ class Trainer:
         return start
 
     def step_block(self, n: int) -> list[float]:
-        """Train up to `n` more steps and return their step times (ms). Fewer when the run ends (its last step,
-        a non-finite loss, a monitor's stop): `self.outcome` is then set. Once the record's last step is done,
-        further steps are measurement-only (timed, no metrics row; at most `extra_steps` of them)."""
+        """Train up to `n` more steps and return their step times (ms; each from asking for its batch to its
+        loss, so data waits included); their data waits go to `block_waits`. Fewer when the run ends (its last
+        step, a non-finite loss, a monitor's stop): `self.outcome` is then set. Once the record's last step is
+        done, further steps are measurement-only (timed, no metrics row; at most `extra_steps` of them). The
+        data gate is open meanwhile (see data.DataGate)."""
+        self.block_waits = []
+        self.gate.open()
         try:
             return self._extra(n) if self.outcome is not None else self._steps(n)
         except Exception as exc:
             self._fail(exc)
+        finally:
+            self.gate.close()
+
+    def measure_block(self, n: int) -> tuple[list[float], list[float | None]]:
+        """`n` steps of a round's measurement: (step ms, data wait ms). A record that reaches its last step inside
+        the block is finished there (its summary written) and the block goes on measurement-only."""
+        times = self.step_block(n)
+        waits = list(self.block_waits)
+        if len(times) < n and self.outcome is not None and self.outcome.status == "ok":
+            self.finish()
+            times += self.step_block(n - len(times))
+            waits += self.block_waits
+        return times, waits
 
     def finish(self, reason: str = "") -> Outcome:
-        """Write the summary with the outcome; a run stopped before its end is 'stopped' (with `reason`)."""
+        """Write the summary with the outcome (once); a run stopped before its end is 'stopped' (with `reason`)."""
+        if self.finished:
+            return self.outcome
         if self.outcome is None:
             self.outcome = Outcome("stopped", reason or "stopped before its last step", self._start)
         self._finish({**self._base, "status": self.outcome.status, "status_reason": self.outcome.reason},
                      self.outcome.start_step, self._peak)
+        self.finished = True
         return self.outcome
 
     def _fail(self, exc: Exception) -> None:
@@ -379,7 +414,7 @@ class Trainer:
         fixed = self.fixed_cost.summary(first, stats.get("step_time_ms")) if hasattr(self, "fixed_cost") else None
         summary = {**base, **stats, **self.extra_summary, "n_params": getattr(self, "n_params", None),
                    "fixed_cost_s": fixed, "process_start": process_start(),
-                   "tokens_per_step": self.cfg.batch_size * self.cfg.grad_accum_steps * self.cfg.model.seq_len,
+                   "tokens_per_step": self.cfg.tokens_per_step,
                    # one process: no collective in the step; data-parallel runs get it measured by rankmerge
                    "comm_step_share": 0.0 if self.cfg.parallel.data_parallel == 1 else None,
                    "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -405,15 +440,17 @@ class Trainer:
     def _steps(self, n: int) -> list[float]:
         """Up to `n` recorded steps from `self._next`; sets `self.outcome` when the run ends."""
         cfg, start, ema, batches = self.cfg, self._start, self._ema, self._batches
-        tokens = cfg.batch_size * cfg.grad_accum_steps * cfg.model.seq_len
+        tokens = cfg.tokens_per_step
         times = []
         for step in range(self._next, min(self._next + n, cfg.steps + 1)):
             self._next = step + 1
             self.hooks.before_step(step)
             t0 = time.perf_counter()
             loss, norm, finite, scale, wait_ms = self._one_step(batches)
+            self._intermittent(step)
             step_ms = (time.perf_counter() - t0) * 1000.0
             times.append(step_ms)
+            self.block_waits.append(wait_ms)
             row = {"step": step, "step_time_ms": step_ms, "data_wait_ms": wait_ms, "tokens": tokens,
                    "tokens_per_s": tokens / (step_ms / 1000.0), "loss": loss, "loss_ema": ema.update(loss),
                    "grad_norm": norm, "loss_scale": scale, "overflow": int(not finite), "lr": lr_at(cfg, step),
@@ -455,9 +492,11 @@ class Trainer:
         times = []
         for _ in range(min(n, self.extra_steps - self._extra_done)):
             t0 = time.perf_counter()
-            self._one_step(self._replay)
-            times.append((time.perf_counter() - t0) * 1000.0)
+            wait_ms = self._one_step(self._replay)[-1]
             self._extra_done += 1
+            self._intermittent(self.cfg.steps + self._extra_done)
+            times.append((time.perf_counter() - t0) * 1000.0)
+            self.block_waits.append(wait_ms)
         return times
 
     def _replayed(self):

@@ -77,7 +77,7 @@ class RankTrainer(Trainer):
     def _build(self):
         super()._build()
         self._train_dataset = lambda skip: train_dataset(self.cfg, self.prep, skip_batches=skip,
-                                                         shard=(self.rank, self.size))
+                                                         shard=(self.rank, self.size), gate=self.gate)
 
     def _save_checkpoint(self, step: int) -> None:
         if self.rank == 0:
@@ -114,11 +114,12 @@ def pair_main(request: Path, rank: int, size: int) -> int:
     ref, cand = load_config(req["reference"]), load_config(req["candidate"])
     folder, plan = Path(req["folder"]), req["plan"]
     t0 = time.time()
-    out = run_pair(ref, cand, folder, plan["block_steps"], plan["looks"][-1], lambda pairs: False,
+    out = run_pair(ref, cand, folder, plan["block_steps"], plan["looks"][-1], lambda m: False,
                    interleave=plan.get("interleave", "blocks"),
                    profile_steps=req.get("profile_steps") or cand.parallel.comm_profile_steps,
                    make_trainer=lambda cfg, run_dir: RankTrainer(cfg, run_dir, rank, size, None),
-                   setup=lambda: join_process_group(cand), paired_file=f"paired_rank_{rank}.json")
+                   setup=lambda: join_process_group(cand), paired_file=f"paired_rank_{rank}.json",
+                   own_pids=lambda: [os.getppid()])  # msrun and every rank it started are the round's own
     for arm in ("reference", "candidate"):
         arm_dir = folder / arm
         own = arm_dir if rank == 0 else arm_dir / "ranks" / f"rank_{rank}"

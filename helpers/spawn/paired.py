@@ -27,7 +27,7 @@ def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progre
                 desc: str | None = None, timeout_s: float | None = None, profile_steps: int = 0):
     """Run both arms in one child process writing `folder`/reference, `folder`/candidate and `folder`/paired.json.
 
-    plan: a `tune.paired.SpeedPlan` as a dict (block_steps, looks, alphas, …); profile_steps: a profiler window
+    plan: a `paired.SpeedPlan` as a dict (block_steps, looks, alphas, …); profile_steps: a profiler window
     per arm, in its warm-up (`run_pair`; data-parallel arms are profiled whenever their comm_profile_steps is
     set, as a data-parallel run of their own is). Returns (reference record or
     None, candidate record or None, the paired.json dict or None, error text ("" when the process left them)).

@@ -93,9 +93,10 @@ def merge_pairs(folder: str | Path) -> dict | None:
     n = min(len(r["pairs"]) for r in ranks)
     pairs = [[[max(times) for times in zip(*(r["pairs"][i][arm] for r in ranks))] for arm in (0, 1)]
              for i in range(n)]
-    merged = {**ranks[0], "pairs": pairs,
-              "first_in_pair": ranks[0]["first_in_pair"][:n], "ranks_merged": len(ranks),
-              "block_time_source": "per step, the slowest rank's time"}
+    merged = {**ranks[0], "pairs": pairs, **{k: ranks[0][k][:n] for k in ("first_in_pair", "waits", "foreign_cores")
+                                             if k in ranks[0]},
+              "ranks_merged": len(ranks), "block_time_source": "per step, the slowest rank's time",
+              "waits_source": "rank 0's", "foreign_source": "rank 0's reading (every rank counts msrun's tree as own)"}
     for rank in ranks:
         if rank["status"] == "failed" or (rank["status"] == "ended" and merged["status"] == "ok"):
             merged["status"], merged["reason"] = rank["status"], rank["reason"]

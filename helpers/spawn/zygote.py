@@ -318,9 +318,8 @@ def serve(fd: int, run: Callable[[list[str]], int], listen_fd: int | None = None
     started, env = time.time(), dict(os.environ)  # before the imports: MindSpore's own adds LD_LIBRARY_PATH
     import mindspore  # noqa: F401  (the point: every child starts with it imported)
     import mindspore.dataset  # noqa: F401
-    import helpers.run.pair  # noqa: F401
+    import helpers.run.pair  # noqa: F401  (with it the estimator, helpers/paired.py, and scipy.special)
     import helpers.run.train  # noqa: F401
-    import scipy.special  # noqa: F401  (a paired process's stop rule, helpers/tune/paired.py, needs it)
     owner = socket.socket(fileno=fd)
     listener = socket.socket(fileno=listen_fd) if listen_fd is not None else None
     hello = json.dumps({"ready": os.getpid(), "started": started, "env": env}).encode()

@@ -8,8 +8,8 @@ config refuses (bf16 on CPU) are recorded as skipped notes, never run; a rejecte
 
 Cost of a round before it starts, from measured times (seconds), by the way the round measures (`speed_path`):
     run_s(config)   = overhead + train_s × time_factor + extra_s
-    separate processes: PROCESS_PLAN's last look in pairs × (run_s(best) + run_s(candidate)) × BUDGET_MARGIN
-    paired (one process): (overhead + 2 × compile_s + extra_s
+    whole runs: RUNS_PLAN's last look in pairs × (run_s(best) + run_s(candidate)) × BUDGET_MARGIN
+    paired (one process) or two processes stepping in turns: (overhead + 2 × compile_s + extra_s
                            + (warm-up + block_steps × pairs) × step_s × (1 + time_factor)) × BUDGET_MARGIN
 train_s is the best's measured training time (sum of its step times, compile included); compile_s and step_s its
 first-step and steady step times; pairs, for a paired round, the plan's second look (where a quiet machine
@@ -34,9 +34,9 @@ from helpers.config import Config, ConfigError
 from helpers.tune.diagnose import Diagnosis, diagnose
 from helpers.tune.ledger import RoundError
 from helpers.record import RunRecord
-from helpers.tune.paired import DP_PAIRED_PLAN, PAIRED_PLAN, PROCESS_PLAN
+from helpers.paired import DP_PAIRED_PLAN, PAIRED_PLAN, PROCESS_PLAN, RUNS_PLAN
 from helpers.tune.rounds import Workbook, load_runs
-from helpers.tune.speed_path import PROCESSES, speed_path
+from helpers.tune.speed_path import PAIRED, RUNS, speed_path
 
 BUDGET_MARGIN = 1.2  # run times on the shared 2-core machine drift ±20% between minutes
 DEFAULT_OVERHEAD_S = 8.0  # per-run cost outside the steps when this call measured none (a reopened workbook)
@@ -305,18 +305,19 @@ def estimate_s(cand: Candidate, best: list[RunRecord], best_cfg: Config, overhea
     """(round estimate in seconds, how it was reckoned, in words); see the module docstring."""
     path, _ = speed_path(cand.changes, best_cfg)
     base = statistics.median(train_s(r) for r in best)
-    if path == PROCESSES:
-        pairs = PROCESS_PLAN.max_pairs
+    if path == RUNS:
+        pairs = RUNS_PLAN.max_pairs
         ref, run = overhead + base, overhead + base * cand.time_factor + cand.extra_s
         return pairs * (ref + run) * BUDGET_MARGIN, (f"up to {pairs} pairs of separate runs: {pairs}×({ref:.0f} s "
                                                       f"reference + {run:.0f} s candidate)×{BUDGET_MARGIN}")
-    plan = DP_PAIRED_PLAN if best_cfg.parallel.data_parallel > 1 else PAIRED_PLAN
+    plan = PROCESS_PLAN if path != PAIRED else DP_PAIRED_PLAN if best_cfg.parallel.data_parallel > 1 else PAIRED_PLAN
     pairs = plan.looks[min(1, len(plan.looks) - 1)]
     steps = best_cfg.steady_after + plan.block_steps * pairs
     step_s = statistics.median(r.summary.get("step_time_ms") or 0.0 for r in best) / 1000.0
     compile_s = statistics.median(r.summary.get("compile_s") or 0.0 for r in best)
     est = (overhead + 2 * compile_s + cand.extra_s + steps * step_s * (1 + cand.time_factor)) * BUDGET_MARGIN
-    return est, (f"one paired process: ({overhead:.0f} s start + 2 compiles of {compile_s:.1f} s + {steps} steps "
+    where = "one paired process" if path == PAIRED else "two processes stepping in turns"
+    return est, (f"{where}: ({overhead:.0f} s start + 2 compiles of {compile_s:.1f} s + {steps} steps "
                  f"per arm at {1000 * step_s:.0f} ms × (1 + {cand.time_factor:g}), to {pairs} pairs)×{BUDGET_MARGIN}")
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from helpers.config import Config, with_changes
 from helpers.record import RunRecord
-from helpers.tune.paired import t_quantile
+from helpers.paired import t_quantile
 
 # Variables that change what a model learns per token rather than how fast a step runs: a speed round on them
 # measures tokens/s, which they do not move, so `Workbook.run_round` warns and points to objective="convergence".
@@ -134,7 +134,7 @@ def figures(reference: Sequence[RunRecord], candidate: Sequence[RunRecord],
     ref = [val_loss_at(r, tokens) for r in reference]
     cand = [val_loss_at(r, tokens) for r in candidate]
     if target is None:
-        target = max(float(eval_curve(r)[1][-1]) for r in reference)
+        target = reference_level(reference)
     return ConvergenceFigures(tokens, ref, cand, seed_band(ref, cand), float(target),
                               [time_to_target(r, target) for r in reference],
                               [time_to_target(r, target) for r in candidate])
@@ -172,13 +172,20 @@ def time_figures(reference: Sequence[RunRecord], candidate: Sequence[RunRecord],
     return TimeFigures(float(target), ref, cand, band)
 
 
-def ttq_arms(cand: Config, best: Config, target: float, time_cap_s: float | None = None) -> tuple[Config, Config]:
+def reference_level(reference: Sequence[RunRecord]) -> float:
+    """The validation loss every reference seed reached at its last step (the worst of their final ones)."""
+    return max(float(eval_curve(r)[1][-1]) for r in reference)
+
+
+def ttq_arms(cand: Config, best: Config, target: float | None,
+             time_cap_s: float | None = None) -> tuple[Config, Config]:
     """(candidate, reference) configs as a time-to-target round trains them: both end at their first validation
-    pass with val loss ≤ `target`; the candidate also once `time_cap_s` wall seconds have passed (an arm not there
-    by then cannot beat the best). Both compile cold (no compile cache): a recipe change is a new graph, and a
-    warm reference against a cold candidate would charge the candidate alone for compiling. The round's rollback
+    pass with val loss ≤ `target` (None: both train to their last step, the target being set afterwards by
+    `reference_level`); the candidate also once `time_cap_s` wall seconds have passed (an arm not there by then
+    cannot beat the best). Both compile cold (no compile cache): a recipe change is a new graph, and a warm
+    reference against a cold candidate would charge the candidate alone for compiling. The round's rollback
     point keeps the candidate's own config."""
-    ends = {"target_val_loss": float(target), "compile_cache": False}
+    ends = {"compile_cache": False, **({"target_val_loss": float(target)} if target is not None else {})}
     return (with_changes(cand, {**ends, **({"max_time_s": float(time_cap_s)} if time_cap_s else {})}),
             with_changes(best, ends))
 

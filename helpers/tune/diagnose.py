@@ -12,7 +12,6 @@ from pathlib import Path
 import yaml
 
 from helpers.run.memory import memory_label
-from helpers.run.metrics import steady_rows
 from helpers.run.monitors import sustained_slope
 from helpers.run.profile import load_profile
 from helpers.record import RecordError, RunRecord, update_summary
@@ -70,14 +69,6 @@ def troubleshooting_rows(findings: list[str]) -> list[dict]:
     """Rows of troubleshooting.yaml whose `when` names any of `findings`."""
     rows = yaml.safe_load(TROUBLESHOOTING.read_text(encoding="utf-8"))
     return [r for r in rows if set(r["when"]) & set(findings)]
-
-
-def _steady(record: RunRecord) -> list[dict]:
-    """The rows speed is judged on: the steady window without the profiled steps (`metrics.steady_rows`)."""
-    window = record.summary.get("steady_window")
-    first = window[0] if window else record.config.steady_after + 1
-    return [r for r in steady_rows(record.metrics, first, 0, record.summary.get("profiled_steps"))
-            if r.get("step_time_ms") is not None]
 
 
 def _data_evidence(rows: list[dict], th: Thresholds) -> dict:
@@ -161,7 +152,7 @@ def diagnose(record: RunRecord, thresholds: Thresholds | None = None) -> Diagnos
     communication-bound, data-bound, compute-bound (one op type ≥ dominant_op_share), else balanced.
     """
     th = thresholds or Thresholds()
-    rows = _steady(record)
+    rows = record.speed_rows()
     alarms = list(record.summary.get("alarms") or [])
     alarm_kinds = sorted({a["kind"] for a in alarms})
     checks = _checks(record, th)

@@ -16,6 +16,7 @@ Replaying the ledger gives the state, so a workbook can be reopened, or read by 
 """
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import re
@@ -31,18 +32,21 @@ from typing import Any, Iterator
 from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import absolute
-from helpers.tune.convergence import CONVERGENCE_VARIABLES, OBJECTIVES, RECIPE, TIME_TO_TARGET, time_to_target, ttq_arms
+from helpers.tune.convergence import (CONVERGENCE_VARIABLES, OBJECTIVES, RECIPE, TIME_TO_TARGET, reference_level,
+                                      time_to_target, ttq_arms)
+from helpers.tune.lr_rule import DEFAULT_LR_RULE, SCALED, check_rule, moves_global_batch, scale_lr
 from helpers.tune.ledger import Ledger, RoundError, WorkbookLock
 from helpers.record import (SUMMARY_FILE, RecordError, RunRecord, atomic_write_json, atomic_write_text, load_run,
                             median_summary, write_summary)
 from helpers.run.memory import default_memory_limit, memory_label
+from helpers.paired import (DP_PAIRED_PLAN, PAIRED_PLAN, PROCESS_PLAN, RUNS_PLAN, Measurement, SpeedPlan, conclude,
+                            should_stop, stop_rule)
 from helpers.spawn.paired import launch_pair
 from helpers.spawn.runner import launch
-from helpers.tune.paired import (DP_PAIRED_PLAN, PAIRED_PLAN, PROCESS_PLAN, SpeedPlan, conclude, log_ratios,
-                                 pair_log_ratio, run_stat, should_stop)
+from helpers.spawn.stepped import launch_stepped
 from helpers.tune.rules import (Verdict, failed, judge, judge_convergence, judge_time_to_target, loss_gate_for,
                                 unfinished)
-from helpers.tune.speed_path import PAIRED, speed_path
+from helpers.tune.speed_path import PAIRED, PROCESSES, RUNS, speed_path
 
 SPEED_FILE = "speed.json"  # a speed round's measurement: path, plan, per-pair log ratios, looks, outcome
 
@@ -322,44 +326,56 @@ class Workbook:
         return runs["candidate"], runs["reference"], ""
 
     def _measure_speed(self, cand_cfg: Config, ref_cfg: Config, changes: dict, folder: Path, label: str,
-                       progress: bool, profile_steps: int = 0) -> tuple[list[RunRecord], list[RunRecord], str, dict]:
-        """Measure a speed round the way its variable allows (`speed_path`): paired blocks in one process, or
-        ABBA pairs of runs in separate processes; both add pairs until a look decides or the budget (the
-        plan's last look) ends. Writes speed.json; returns (candidates, references, error, speed)."""
-        path, why = speed_path(changes, ref_cfg)
+                       progress: bool, profile_steps: int = 0,
+                       path: str | None = None) -> tuple[list[RunRecord], list[RunRecord], str, dict]:
+        """Measure a speed round the way its variable allows (`speed_path`, or `path` when given): paired steps in
+        one process, two processes stepping in turns, or ABBA pairs of whole runs; each adds pairs until a look
+        decides or the budget (the plan's last look) ends. Writes speed.json (path, plan, every pair's step
+        times, waits and outside load: the verdict can be recomputed from it); returns (candidates, references,
+        error, speed)."""
+        auto, why = speed_path(changes, ref_cfg)
+        if path is not None and path != auto:
+            why = f"{path} asked for (the variable's own path: {auto})"
+        path = path or auto
         if not changes and path == PAIRED:
             why = "an A/A check: the best against itself, both in one process"
-        plan = (DP_PAIRED_PLAN if ref_cfg.parallel.data_parallel > 1 else PAIRED_PLAN) if path == PAIRED else \
-            PROCESS_PLAN
-        tokens = [c.batch_size * c.grad_accum_steps * c.model.seq_len for c in (ref_cfg, cand_cfg)]
+        plan = {PAIRED: DP_PAIRED_PLAN if ref_cfg.parallel.data_parallel > 1 else PAIRED_PLAN,
+                PROCESSES: PROCESS_PLAN, RUNS: RUNS_PLAN}[path]
         t0 = time.perf_counter()
-        speed = {"path": path, "why": why, "plan": plan.to_dict(), "tokens_per_step": tokens}
-        if path == PAIRED:
-            ref, cand, raw, error = launch_pair(ref_cfg, cand_cfg, folder, plan.to_dict(), progress, label,
-                                                profile_steps=profile_steps)
+        speed = {"path": path, "why": why, "plan": plan.to_dict(),
+                 "tokens_per_step": {"reference": ref_cfg.tokens_per_step, "candidate": cand_cfg.tokens_per_step}}
+        if path == RUNS:
+            cands, refs, error, m = self._run_pairs(cand_cfg, ref_cfg, folder, label, progress, plan)
+            speed.update(pairs=m.pairs, waits=m.waits, foreign_cores=m.foreign_cores)
+        else:
+            if path == PAIRED:
+                ref, cand, raw, error = launch_pair(ref_cfg, cand_cfg, folder, plan.to_dict(), progress, label,
+                                                    profile_steps=profile_steps)
+            else:
+                ref, cand, raw, error = launch_stepped(ref_cfg, cand_cfg, folder, plan.to_dict(), stop_rule(plan),
+                                                       progress, label)
             cands, refs = [r for r in [cand] if r], [r for r in [ref] if r]
             if raw is not None:
-                speed["log_ratios"] = log_ratios(raw["pairs"], *tokens, plan.rank)
-                speed.update({k: raw.get(k) for k in ("setup_s", "measure_s", "status", "reason")})
-        else:
-            cands, refs, error, speed["log_ratios"] = self._process_pairs(cand_cfg, ref_cfg, folder, label,
-                                                                          progress, plan, tokens)
+                speed.update({k: raw.get(k) for k in ("pairs", "waits", "foreign_cores", "setup_s", "measure_s",
+                                                      "status", "reason")})
         speed["wall_s"] = time.perf_counter() - t0
         atomic_write_json(folder / SPEED_FILE, speed)
         return cands, refs, error, speed
 
-    def _process_pairs(self, cand_cfg: Config, ref_cfg: Config, folder: Path, label: str, progress: bool,
-                       plan: SpeedPlan, tokens: list[int]):
-        """Pairs of runs in separate processes (`_measure`); one log ratio per pair from each run's `run_stat`,
-        until `should_stop`. Returns (candidates, references, error, log ratios)."""
-        ratios: list[float] = []
+    def _run_pairs(self, cand_cfg: Config, ref_cfg: Config, folder: Path, label: str, progress: bool,
+                   plan: SpeedPlan):
+        """Pairs of whole runs in separate processes (`_measure`): each pair's blocks are the two runs' steady
+        windows (every steady step, stalls included; profiled steps left out), until `should_stop`. Returns
+        (candidates, references, error, the Measurement)."""
+        m = Measurement([], (ref_cfg.tokens_per_step, cand_cfg.tokens_per_step), [], None)
 
         def after_pair(runs: dict[str, list[RunRecord]]) -> bool:
-            ref_ms, cand_ms = (run_stat(runs[r][-1], plan) for r in ("reference", "candidate"))
-            ratios.append(pair_log_ratio(ref_ms, cand_ms, *tokens))
-            return should_stop(ratios, plan)
+            ref, cand = (runs[r][-1].speed_rows() for r in ("reference", "candidate"))
+            m.pairs.append(([r["step_time_ms"] for r in ref], [r["step_time_ms"] for r in cand]))
+            m.waits.append(tuple([r.get("data_wait_ms") for r in rows] for rows in (ref, cand)))
+            return should_stop(m, plan)
         return (*self._measure(cand_cfg, ref_cfg, folder, label, progress, plan.max_pairs, after_pair=after_pair),
-                ratios)
+                m)
 
     def _verdict(self, candidates, references, error: str, baseline: list[RunRecord], objective: str = "speed",
                  target: float | None = None, speed: dict | None = None) -> Verdict:
@@ -381,12 +397,13 @@ class Workbook:
             return failed(why, gate, self.memory_limit_bytes)
         plan = SpeedPlan.from_dict(speed["plan"])
         try:
-            outcome = conclude(speed.get("log_ratios") or [], plan)
+            outcome = conclude(Measurement.from_raw({"pairs": [], **speed}), plan)
         except ValueError as exc:  # the measurement ended before its first look: a failed round, recorded
             return failed(f"speed measurement incomplete ({speed.get('reason') or exc})", gate,
                           self.memory_limit_bytes)
         speed["looks"] = [look.to_dict() for look in outcome.looks]
         speed["decision"], speed["budget_spent"] = outcome.decision, outcome.budget_spent
+        speed["parts"] = outcome.parts.to_dict()
         return judge(references, candidates, baseline, outcome, plan, speed["path"], self.loss_gate,
                      self.memory_limit_bytes)
 
@@ -480,26 +497,31 @@ class Workbook:
     def run_round(self, name: str, changes: dict[str, Any], progress: bool = True,
                   who: str | None = None, objective: str = "speed", seeds: int = 2,
                   target: float | None = None, why: str = "", reasoning: dict | None = None,
-                  time_cap_s: float | None = None, profile_steps: int = 0) -> RoundResult:
+                  time_cap_s: float | None = None, profile_steps: int = 0,
+                  lr_rule: str = DEFAULT_LR_RULE) -> RoundResult:
         """Train the current best + `changes` against the current best, judge, record, save a rollback point.
 
         objective="speed": the candidate against a rerun of the current best, measured the way the variable
-        allows (`_measure_speed`: paired blocks in one process, or run pairs in separate processes) until the
-        interval decides or the plan's budget ends, judged by `rules.judge`. objective="convergence": `seeds`
-        runs per arm, run k of both arms with seed best.seed + k − 1, judged on validation loss at equal tokens
-        against the seed band (`rules.judge_convergence`; `target` = the val loss for time-to-target,
-        default the level every reference seed reached). objective="time_to_target": `seeds` runs per arm as
-        for convergence, each ending at its first validation pass with val loss ≤ `target` (default: the best's
-        target_val_loss), the candidate also at `time_cap_s` wall seconds; pairs stop at the first candidate
-        seed that did not reach the target (it cannot win); judged on wall seconds to the target against the
-        seed band (`rules.judge_time_to_target`). The reruns are the round's reference_runs. `keep` makes the candidate the
-        best; other decisions leave it. A run that does not finish ends the round as "failed" (records kept,
-        remaining runs skipped). A speed round on a convergence variable (lr, warmup, ...) warns: tokens/s
-        cannot judge it. `why` (one paragraph) and `reasoning` (e.g. the auto-tuner's diagnosis and cost
-        estimate) say why the round was run; both go into its ledger entry. profile_steps (speed, paired path): each
-        arm's record gets a profiler window of that many steps, taken in its warm-up before the blocks
-        (`pair.run_pair`); on the separate-process path no run is profiled (`fusion.profile_arms` then trains
-        profiled ones).
+        allows (`_measure_speed`: paired steps in one process, two processes stepping in turns, or pairs of
+        whole runs) until the interval decides or the plan's budget ends, judged by `rules.judge`.
+        objective="convergence": `seeds` runs per arm, run k of both arms with seed best.seed + k − 1, judged on
+        validation loss at equal tokens against the seed band (`rules.judge_convergence`; `target` = the val loss
+        for time-to-target, default the level every reference seed reached). objective="time_to_target": `seeds`
+        runs per arm as for convergence, each ending at its first validation pass with val loss ≤ `target`
+        (default: the best's target_val_loss; when neither is set, both arms train to their last step and the
+        target is the level every reference seed reached there), the candidate also at `time_cap_s` wall
+        seconds; pairs stop at the first candidate seed that did not reach a given target (it cannot win); judged
+        on wall seconds to the target against the seed band (`rules.judge_time_to_target`). The reruns are the
+        round's reference_runs. `keep` makes the candidate the best; other decisions leave it. A run that does
+        not finish ends the round as "failed" (records kept, remaining runs skipped).
+        A round that moves the global batch (batch_size × grad_accum_steps) under the convergence or
+        time-to-target objective moves lr and min_lr with it by `lr_rule` ("sqrt", "linear" or "none"; a round
+        that sets lr itself overrides it; helpers/tune/lr_rule.py): the verdict says how. A speed round on a
+        convergence variable (lr, warmup, ...) or on the global batch warns: tokens/s cannot judge it. `why` (one
+        paragraph) and `reasoning` (e.g. the auto-tuner's diagnosis and cost estimate) say why the round was run;
+        both go into its ledger entry. profile_steps (speed, paired path): each arm's record gets a profiler window
+        of that many steps, taken in its warm-up before the blocks (`pair.run_pair`); on the other paths no run
+        is profiled (`fusion.profile_arms` then trains profiled ones).
         """
         if objective not in OBJECTIVES:
             raise RoundError(f"objective={objective!r} is not allowed; choose one of {', '.join(OBJECTIVES)}")
@@ -509,22 +531,37 @@ class Workbook:
         if objective == "speed" and learning:
             warnings.warn(f"round {name!r} changes {', '.join(learning)}, which moves what the model learns, not "
                           f"tokens/s; judge it with objective='convergence'", stacklevel=2)
+        try:
+            check_rule(lr_rule)
+        except ValueError as exc:
+            raise RoundError(str(exc)) from None
         with self._lock.hold():
             entries = self.ledger()
             self._pinned(entries)
             cand, moved = self.candidate(name, changes, objective)
             best_round = self._best_round(entries)
             best, _ = self._source(best_round, entries)
+            scaling = None
+            if objective != "speed":  # the learning rate follows a moved global batch (lr_rule.py)
+                cand, scaling = scale_lr(best, cand, changes, lr_rule)
+                moved = {**moved, **{k: v for k, v in config_mod.diff(best, cand).items() if k in SCALED}}
+            elif moves_global_batch(best, cand):
+                warnings.warn(f"round {name!r} changes the global batch ({best.global_batch} → {cand.global_batch} "
+                              f"sequences per step): fewer updates per token, so at an unchanged learning rate its "
+                              f"loss at equal tokens is worse whatever its speed; judge it with "
+                              f"objective='time_to_target', where the learning rate follows the batch "
+                              f"(lr_rule={lr_rule!r})", stacklevel=2)
             arms, after_pair = (cand, best), None
             if objective == TIME_TO_TARGET:  # refused here, before any folder or run exists
-                target = target or best.target_val_loss
-                if not (isinstance(target, (int, float)) and target > 0):
-                    raise RoundError(f"a time_to_target round needs a target validation loss (nats/token): pass "
-                                     f"target=1.9, or pin a baseline with target_val_loss set (got {target!r})")
+                target = target or best.target_val_loss or None
+                if target is not None and not (isinstance(target, (int, float)) and target > 0):
+                    raise RoundError(f"target={target!r} must be a validation loss in nats/token (e.g. 1.9), or "
+                                     f"None for the level every reference seed reaches")
                 if time_cap_s is not None and not (isinstance(time_cap_s, (int, float)) and time_cap_s > 0):
                     raise RoundError(f"time_cap_s={time_cap_s!r} must be positive seconds, or None for no cap")
                 arms = ttq_arms(cand, best, target, time_cap_s)
-                after_pair = lambda runs: time_to_target(runs["candidate"][-1], target) is None  # noqa: E731
+                if target is not None:
+                    after_pair = lambda runs: time_to_target(runs["candidate"][-1], target) is None  # noqa: E731
             baseline = self.load_runs(self._source(0, entries)[1])
             index = max(self._round_entries(entries), default=0) + 1
             folder = self._fresh(self.path / "rounds" / f"{index:02d}_{name}")
@@ -537,13 +574,23 @@ class Workbook:
                 records, references, error, speed = self._measure_speed(cand, best, moved, folder,
                                                                         f"round {index} {name}", progress,
                                                                         profile_steps)
+            target_from = "given" if objective != TIME_TO_TARGET or target is not None else "reference seeds"
+            if target_from == "reference seeds" and references and not error:
+                target = reference_level(references)
             verdict = self._verdict(records, references, error, baseline, objective, target, speed)
+            if scaling is not None:
+                verdict = dataclasses.replace(verdict, reason=f"{scaling.text()}; {verdict.reason}")
+            if target_from == "reference seeds":
+                verdict = dataclasses.replace(verdict, reason=f"target = the level every reference seed reached at "
+                                                              f"its last step; {verdict.reason}")
             if speed is not None:
                 atomic_write_json(folder / SPEED_FILE, {**speed, "verdict": verdict.to_dict()})
             rollback = self._save_rollback(folder / "rollback", cand, records)
             self._append({"event": "round", "round": index, "name": name, "objective": objective,
                           **({"seeds": seed_list} if seed_list else {}),
-                          **({"target": target, "time_cap_s": time_cap_s} if objective == TIME_TO_TARGET else {}),
+                          **({"target": target, "target_from": target_from, "time_cap_s": time_cap_s}
+                             if objective == TIME_TO_TARGET else {}),
+                          **({"lr_scaling": scaling.to_dict()} if scaling is not None else {}),
                           "changes": {k: list(v) for k, v in moved.items()}, "reference_round": best_round,
                           "reference_runs": [self._rel(r.path) for r in references],
                           "candidate_runs": [self._rel(r.path) for r in records],
@@ -582,11 +629,13 @@ class Workbook:
                 shutil.copy2(ckpts[-1], folder / ckpts[-1].name)
         return folder
 
-    def aa_check(self, progress: bool = True, who: str | None = None) -> Verdict:
+    def aa_check(self, progress: bool = True, who: str | None = None, path: str | None = None) -> Verdict:
         """Run the current best as both candidate and reference (interleaved) and judge it by the same rule.
 
         An honest rule says "no change" here; anything else means the band is too tight for this machine's
-        noise right now. Recorded in the ledger (event aa_check); the best does not move.
+        noise right now. path: how to measure ("paired", the default; "processes": two processes stepping in
+        turns; "runs": whole runs), so each way a round can measure can be checked. Recorded in the ledger
+        (event aa_check, with its path); the best does not move.
         """
         with self._lock.hold():
             entries = self.ledger()
@@ -597,7 +646,7 @@ class Workbook:
             number = sum(e["event"] == "aa_check" for e in entries) + 1
             folder = self._fresh(self.path / "aa" / f"{number:02d}")
             records, references, error, speed = self._measure_speed(cfg, cfg, {}, folder, f"A/A {number}",
-                                                                    progress)
+                                                                    progress, path=path)
             verdict = self._verdict(records, references, error, baseline, speed=speed)
             atomic_write_json(folder / SPEED_FILE, {**speed, "verdict": verdict.to_dict()})
             self._append({"event": "aa_check", "round": best_round, "name": f"aa_{number:02d}", "changes": {},
@@ -679,8 +728,8 @@ class Workbook:
         rows = [
             ("model params", "parameters", pair(lambda c, r: median_summary(r, "n_params"))),
             ("data parallel", "processes", pair(lambda c, r: c.parallel.data_parallel)),
-            ("global batch", "sequences", pair(lambda c, r: config_mod.global_batch(c))),
-            ("micro-batch per device", "sequences", pair(lambda c, r: config_mod.micro_batch_per_device(c))),
+            ("global batch", "sequences", pair(lambda c, r: c.global_batch)),
+            ("micro-batch per device", "sequences", pair(lambda c, r: c.micro_batch_per_device)),
             ("gradient accumulation", "micro-batches", pair(lambda c, r: c.grad_accum_steps)),
             ("step time", "ms", pair(lambda c, r: median_summary(r, "step_time_ms"))),
             ("throughput", "tokens/s", pair(lambda c, r: median_summary(r, "tokens_per_s"))),

@@ -3,8 +3,8 @@ equal tokens), convergence (validation loss at equal tokens against the seed ban
 seconds to a validation loss against the seed band), sharing the failed-run check and the memory gate.
 
 Pure functions over run records and a round's speed measurement (no training here), so a verdict can be
-recomputed from the round folder alone. The interval arithmetic is helpers/tune/paired.py; how a round measures
-(paired blocks in one process, or runs in separate processes) is helpers/tune/speed_path.py.
+recomputed from the round folder alone. The interval arithmetic is helpers/paired.py; how a round measures
+(paired steps in one process, two processes stepping in turns, or whole runs) is helpers/tune/speed_path.py.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from helpers.record import RunRecord
 from helpers.units import mib_text
 from helpers.run.memory import memory_label
 from helpers.tune.convergence import TIME_TO_TARGET, TimeFigures, figures, seed_times_text, time_figures
-from helpers.tune.paired import Outcome, SpeedPlan, ordinal, rule_text as speed_rule_text, t_quantile
+from helpers.paired import Outcome, SpeedPlan, rule_text as speed_rule_text, t_quantile
 
 
 # What each number of a Verdict is in, by objective (printed by tables; stored with the verdict).
@@ -37,9 +37,11 @@ UNITS_BY_OBJECTIVE = {"speed": SPEED_UNITS, "convergence": CONVERGENCE_UNITS, TI
 class Verdict:
     """The rule's outcome for one candidate against its reference; `reason` is one line with the numbers.
 
-    speedup: candidate ÷ reference tokens/s (the interval's point estimate); interval: [low, high] of that
-    ratio; noise_band: the interval's relative half-width (for a convergence round: the seed band, nats/token);
-    pairs: block pairs (paired) or run pairs (processes) measured; path: "paired" or "processes".
+    speedup: candidate ÷ reference tokens/s over every measured step (the interval's point estimate);
+    interval: [low, high] of that ratio; noise_band: the interval's relative half-width (for a convergence round:
+    the seed band, nats/token); pairs: block pairs (paired, processes) or run pairs (runs) measured; path:
+    "paired", "processes" or "runs"; parts: each arm's mean step, fast end, stall and data-wait shares and the
+    fast-end ("compute") ratio (helpers/paired.py `Parts`).
     """
     decision: str
     reason: str
@@ -54,6 +56,7 @@ class Verdict:
     level: float | None = None
     objective: str = "speed"
     units: dict = field(default_factory=lambda: dict(SPEED_UNITS))
+    parts: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,7 +66,7 @@ class Verdict:
         """A verdict as the ledger stored it; entries written before `objective`/`units` existed were speed or
         convergence verdicts, told apart by their rule text."""
         known = {k: data[k] for k in ("decision", "reason", "speedup", "noise_band", "loss_drift", "memory_ratio",
-                                      "rule", "interval", "pairs", "path", "level") if k in data}
+                                      "rule", "interval", "pairs", "path", "level", "parts") if k in data}
         objective = data.get("objective") or ("convergence" if "seed band" in (data.get("rule") or "") else "speed")
         units = data.get("units") or UNITS_BY_OBJECTIVE.get(objective, SPEED_UNITS)
         return cls(**{"speedup": None, "noise_band": None, "loss_drift": None, "memory_ratio": None, **known,
@@ -174,12 +177,14 @@ def judge(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], baseli
                  + (" (lower loss allowed)" if drift < -gate else ""))
     hits = [w for w, hit in (("over the memory limit", over_memory), ("loss worse at equal tokens", worse_loss))
             if hit]
+    dropped = f", {iv.trimmed} dropped for outside load" if iv.trimmed else ""
     reason = (f"tokens/s ×{iv.ratio:.3f} ({iv.ratio - 1:+.1%}), {iv.level:.1%} interval ×{iv.ratio_low:.3f}–"
-              f"×{iv.ratio_high:.3f} (±{iv.half_width:.1%}) after {look.pairs} pairs ({path}; "
-              f"{plan.trim:.0%}-trimmed mean of per-pair log ratios of {ordinal(plan.rank)}-fastest steps) "
-              f"{speed_part}; {loss_part}; {memory.text} → {verdict}" + (f" ({', '.join(hits)})" if hits else ""))
+              f"×{iv.ratio_high:.3f} (±{iv.half_width:.1%}) after {look.pairs} pairs{dropped} ({path}; tokens ÷ "
+              f"wall time of every measured step) {speed_part}; why: {speed.parts.text()}; {loss_part}; "
+              f"{memory.text} → {verdict}" + (f" ({', '.join(hits)})" if hits else ""))
     return Verdict(verdict, reason, iv.ratio, iv.half_width, drift, memory.ratio, rule,
-                   [iv.ratio_low, iv.ratio_high], look.pairs, path, iv.level, objective="speed", units=SPEED_UNITS)
+                   [iv.ratio_low, iv.ratio_high], look.pairs, path, iv.level, objective="speed", units=SPEED_UNITS,
+                   parts=speed.parts.to_dict())
 
 
 # ------------------------------------------------------------------------ seed-based rules

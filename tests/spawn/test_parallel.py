@@ -11,7 +11,7 @@ from helpers.config import ConfigError, from_dict
 from helpers.spawn.msrun import LOCAL_RETRY_S, _msrun_env, check_port, free_port, msrun_command
 from helpers.book.planner import GB, MODELS, Strategy, eight_by_40gb, estimate, recommend
 from helpers.record import load_run
-from helpers.tune.paired import DP_PAIRED_PLAN
+from helpers.paired import DP_PAIRED_PLAN
 from tests.conftest import run_cli, tiny_args
 
 

@@ -14,7 +14,7 @@ import yaml
 from helpers.config import ConfigError, from_dict, load_config
 from helpers.record import load_run
 from helpers.tune.rounds import RoundError, Workbook
-from helpers.tune.paired import SpeedPlan, conclude
+from helpers.paired import Measurement, SpeedPlan, conclude
 from helpers.tune.rules import judge, mean_loss_to_tokens, total_tokens
 from tests.conftest import REPO
 
@@ -71,16 +71,21 @@ def test_eager_group_round_is_rejected_as_slower_with_numbers(book):
     low, high = r.verdict.interval
     assert r.decision == ("reject" if high < 1 / 1.01 else "no change") and r.override is None, r.verdict.reason
     assert r.decision == "no change" or "below −1%" in r.verdict.reason and r.verdict.reason.endswith("→ reject")
-    assert "interval ×" in r.verdict.reason and "pairs (processes" in r.verdict.reason and "MiB" in r.verdict.reason
+    assert "interval ×" in r.verdict.reason and "(processes; " in r.verdict.reason and "MiB" in r.verdict.reason
     assert r.verdict.speedup < 0.5 and abs(r.verdict.loss_drift) < 1e-3
-    assert "trimmed mean" in r.verdict.rule and "2.0%" in r.verdict.rule
-    # the execution mode is process-wide: pairs of runs in separate processes (ABBA), as many as the looks needed
-    assert r.verdict.path == "processes" and r.verdict.pairs >= 3
-    assert [p.name for p in r.candidate_runs] == [f"candidate_{k}" for k in range(1, r.verdict.pairs + 1)]
-    assert [p.name for p in r.reference_runs] == [f"reference_{k}" for k in range(1, r.verdict.pairs + 1)]
+    assert "every measured step" in r.verdict.rule and "2.0%" in r.verdict.rule
+    assert "why: compute ×" in r.verdict.reason and r.verdict.parts["compute_ratio"] < 0.5
+    # the execution mode is process-wide: two arm processes that take turns step by step, as many pairs as the
+    # looks needed
+    assert r.verdict.path == "processes" and r.verdict.pairs >= 8
+    assert [p.name for p in r.candidate_runs] == ["candidate"] and [p.name for p in r.reference_runs] == ["reference"]
     speed = json.loads((r.rollback.parent / "speed.json").read_text())
-    assert speed["path"] == "processes" and "process-wide" in speed["why"]
-    assert len(speed["log_ratios"]) == r.verdict.pairs
+    assert speed["path"] == "processes" and "process-wide" in speed["why"] and "take turns" in speed["why"]
+    assert len(speed["pairs"]) == len(speed["waits"]) == len(speed["foreign_cores"]) == r.verdict.pairs
+    raw = json.loads((r.rollback.parent / "paired.json").read_text())
+    assert raw["path"] == "processes" and all(len(a) == len(b) == raw["block_steps"] for a, b in raw["pairs"])
+    # each arm its own process, so its own peak memory (not a paired process's estimate)
+    assert all("memory_scope" not in load_run(p).summary for p in [*r.candidate_runs, *r.reference_runs])
     assert load_run(r.candidate_runs[0]).config.mode == "pynative"
     assert load_run(r.reference_runs[0]).config.mode == "graph"
     assert {load_run(p).config.steps for p in [*r.candidate_runs, *r.reference_runs]} == {12}
@@ -114,16 +119,29 @@ def test_aa_check_decides_by_its_printed_interval(book):
     low, high = v.interval
     implied = "keep" if low > 1.01 else "reject" if high < 1 / 1.01 else "no change"
     assert v.decision == implied, v.reason
-    assert v.path == "paired" and f"after {v.pairs} pairs (paired" in v.reason and low <= v.speedup <= high
+    assert v.path == "paired" and f"after {v.pairs} pairs" in v.reason and "(paired; " in v.reason and low <= v.speedup <= high
     entries = wb.ledger()
     assert len(entries) == before + 1 and entries[-1]["event"] == "aa_check"
     assert sorted(p.name for p in (wb.path / "aa" / "01").iterdir()) == [
         "candidate", "pair.log", "paired.json", "reference", "speed.json"]
     speed = json.loads((wb.path / "aa" / "01" / "speed.json").read_text())
-    assert speed["verdict"]["decision"] == v.decision and len(speed["log_ratios"]) == v.pairs
+    assert speed["verdict"]["decision"] == v.decision and len(speed["pairs"]) == v.pairs
     raw = json.loads((wb.path / "aa" / "01" / "paired.json").read_text())  # the arms' steps woven one by one
     assert raw["interleave"] == "steps" and len(raw["pairs"]) == v.pairs
     assert all(len(r) == len(c) == raw["block_steps"] for r, c in raw["pairs"])
+
+
+def test_aa_check_on_whole_runs(book, tmp_path):
+    """The third path (compile cache, msrun, the profiler): pairs of whole runs, each run's steady window one
+    block, every steady step counted."""
+    wb = copy_of(book[0], tmp_path / "book")
+    v = wb.aa_check(progress=False, path="runs")
+    assert v.path == "runs" and v.pairs in (3, 4) and "(runs; " in v.reason, v.reason
+    folder = wb.path / "aa" / f"{sum(e['event'] == 'aa_check' for e in wb.ledger()):02d}"
+    speed = json.loads((folder / "speed.json").read_text())
+    assert speed["path"] == "runs" and "asked for" in speed["why"] and len(speed["pairs"]) == v.pairs
+    run = load_run(folder / "reference_1")
+    assert speed["pairs"][0][0] == [r["step_time_ms"] for r in run.speed_rows()]
 
 
 def test_profiled_paired_round_profiles_each_arm_alone_in_its_warm_up(book, tmp_path):
@@ -258,7 +276,9 @@ def test_rule_keeps_a_real_speedup_and_enforces_the_memory_limit(book):
     base = wb.baseline(progress=False)
     speed = json.loads((eager.rollback.parent / "speed.json").read_text())
     plan = SpeedPlan.from_dict(speed["plan"])
-    swapped = conclude([-x for x in speed["log_ratios"]], plan)
+    m = Measurement.from_raw(speed)
+    swapped = conclude(Measurement([(c, r) for r, c in m.pairs], m.tokens[::-1],
+                                   [(c, r) for r, c in m.waits], m.foreign_cores), plan)
     v = judge(eager_runs, graph_runs, base, swapped, plan, "processes", 0.02, wb.memory_limit_bytes)
     assert v.decision == "keep" and v.speedup > 2 and "above +1%" in v.reason
     v = judge(eager_runs, graph_runs, base, swapped, plan, "processes", 0.02, 2**20)

@@ -6,7 +6,7 @@ import pytest
 
 from helpers.config import from_dict
 from helpers.record import RunRecord
-from helpers.tune.paired import SpeedPlan, conclude
+from helpers.paired import Measurement, SpeedPlan, conclude
 from helpers.tune.rules import judge, unfinished
 
 PLAN = SpeedPlan()
@@ -21,15 +21,18 @@ def _run(name: str, losses: list[float], peak: int = 100 * 2**20, status: str = 
 
 
 BASE = [_run("b1", [2.0, 1.0]), _run("b2", [2.0, 1.0])]
-FASTER = conclude([0.05 + 0.002 * (-1) ** i for i in range(16)], PLAN)  # +5% at the first look
+# +5% at the first look: 8-step blocks, the reference at 100 ms a step, the candidate at 100/1.05 ± 0.2%
+FASTER = conclude(Measurement([([100.0] * 8, [100 / 1.05 * (1 + 0.002 * (-1) ** i)] * 8) for i in range(16)],
+                              (10, 10)), PLAN)
 
 
 def test_a_clear_gain_is_kept_and_the_reason_prints_estimator_interval_pairs_and_path():
     v = judge([_run("r", [2.0, 1.0])], [_run("c", [2.0, 1.0])], BASE, FASTER, PLAN, "paired", 0.02, 2**30)
     assert v.decision == "keep" and v.pairs == 8 and v.path == "paired" and v.level == pytest.approx(0.997)  # the first look: α 0.003
-    assert v.interval[0] > 1.01 and v.speedup == pytest.approx(1.0513, abs=1e-3)
-    assert "tokens/s ×1.051 (+5.1%), 99.7% interval ×1.04" in v.reason and "after 8 pairs (paired;" in v.reason
-    assert "20%-trimmed mean of per-pair log ratios of 2nd-fastest steps" in v.reason
+    assert v.interval[0] > 1.01 and v.speedup == pytest.approx(1.05, abs=1e-6)
+    assert "tokens/s ×1.050 (+5.0%), 99.7% interval ×1.04" in v.reason and "after 8 pairs (paired;" in v.reason
+    assert "tokens ÷ wall time of every measured step" in v.reason and "why: compute ×1.050" in v.reason
+    assert "stalls 0.0% → 0.0%" in v.reason and v.parts["compute_ratio"] == pytest.approx(1.05, abs=0.003)
     assert v.reason.endswith("→ keep") and "looks after 8 pairs at 99.70%" in v.rule
 
 

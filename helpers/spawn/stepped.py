@@ -1,0 +1,239 @@
+"""A stepped round: the two arms as two long-lived processes (helpers/run/arm.py) that take turns, step by step.
+
+For the variables that are process-wide in MindSpore (op threads, mode and jit level, the data pipeline's
+settings): each arm gets its own process, built and warmed up at the same time, then this parent asks one step
+of one arm, then of the other, in ABBA order inside each pair of K-step blocks, as a paired round does inside
+one process. Every step is timed by its own arm (from asking for the batch to the loss). Between its steps an arm
+is frozen (SIGSTOP to its process group, SIGCONT before its next step): MindSpore's op threads spin for a while
+after a step (measured here: ~13 ms of CPU after each step of a small graph, against none when steps follow each
+other), which in a run of its own overlaps nothing but would slow the other arm's step here; and its input
+pipeline cannot read ahead (its data gate also stops the simulated storage clock, data.DataGate). The pairs,
+each step's data wait and the CPU other processes used during each pair go to `paired.json` in the layout of
+helpers/run/pair.py, so one estimator (helpers/paired.py) reads both. Each arm's peak memory is its own
+process's.
+
+Afterwards each arm completes its record (to its `steps`), one after the other, and exits.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from helpers import config as config_mod
+from helpers.config import Config, with_changes
+from helpers.paired import Measurement
+from helpers.paths import REPO_ROOT, absolute
+from helpers.record import RecordError, atomic_write_json, load_run
+from helpers.run.foreign import ForeignLoad
+from helpers.spawn.live import publish
+from helpers.spawn.runner import child_env
+from helpers.wire import ArmReady, FinishRequest, StepRequest, StepResult, decode, encode
+
+PAIRED_FILE = "paired.json"
+ARMS = ("candidate", "reference")
+READY_TIMEOUT_S = 600.0  # start, import, build, compile and warm-up of a big config on a loaded machine
+
+
+class _Arm:
+    """The parent's side of one arm process: its process, socket and the lines it sends."""
+
+    def __init__(self, name: str, cfg: Config, folder: Path, address: tuple[str, int], warmup: int, extra: int):
+        self.name, self.cfg, self.run_dir = name, cfg, folder / name
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=folder, prefix=f".{name}.") as fh:
+            fh.write(config_mod.dump(config_mod.absolute_paths(cfg)))
+            self.request = Path(fh.name)
+        cmd = [sys.executable, "-m", "helpers", "arm", "--config", str(self.request), "--out", str(self.run_dir),
+               "--arm", name, "--connect", f"{address[0]}:{address[1]}", "--warmup", str(warmup),
+               "--extra-steps", str(extra)]
+        with open(self.run_dir / "train.log", "ab") as log:
+            # a process group of its own, so that a freeze reaches its map workers too
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                                         env=child_env(), cwd=REPO_ROOT, start_new_session=True)
+        self.chan = None
+        self.ready: ArmReady | None = None
+
+    def send(self, message) -> None:
+        self.chan.write(encode(message) + "\n")
+        self.chan.flush()
+
+    def receive(self):
+        """The arm's next message; RuntimeError when it closed its socket (it exited or crashed)."""
+        for line in self.chan:
+            message = decode(line)
+            if message is not None:
+                return message
+        raise RuntimeError(f"the {self.name} arm's process ended (exit {self.proc.wait()}); see "
+                           f"{self.run_dir / 'train.log'}")
+
+    def signal(self, sig: int) -> None:
+        """SIGSTOP freezes the arm and its children between its steps; SIGCONT wakes them."""
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass  # it exited: the next read says how
+
+    def step(self) -> StepResult:
+        """One step of this arm, woken for it and frozen again after it."""
+        self.signal(signal.SIGCONT)
+        self.send(StepRequest(1))
+        result = self.receive()
+        self.signal(signal.SIGSTOP)
+        if not isinstance(result, StepResult):
+            raise RuntimeError(f"the {self.name} arm answered {type(result).__name__} to a step")
+        return result
+
+    def close(self, complete: bool, reason: str) -> int:
+        """Tell the arm to complete (or stop) its record and wait for it to exit; its exit code."""
+        self.signal(signal.SIGCONT)
+        if self.chan is not None and self.proc.poll() is None:
+            try:
+                self.send(FinishRequest(complete, reason))
+            except OSError:
+                pass
+        code = self.proc.wait()
+        if self.chan is not None:
+            self.chan.close()
+        self.request.unlink(missing_ok=True)
+        return code
+
+
+def _connect(listener: socket.socket, arms: dict[str, _Arm]) -> None:
+    """Accept each arm's connection and wait for its ArmReady (they build and warm up at the same time)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    pending = dict(arms)
+    waiting = {}  # socket → its line reader, until the arm's first message names it
+    while pending:
+        dead = [a for a in pending.values() if a.proc.poll() is not None and a.chan is None]
+        if dead:
+            raise RuntimeError(f"the {dead[0].name} arm's process exited {dead[0].proc.returncode} before it "
+                               f"connected; see {dead[0].run_dir / 'train.log'}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the arms were not ready within {READY_TIMEOUT_S:g} s")
+        ready, _, _ = select.select([listener, *waiting], [], [], 0.5)
+        for sock in ready:
+            if sock is listener:
+                conn, _ = listener.accept()
+                waiting[conn] = conn.makefile("rw", encoding="utf-8")
+                continue
+            chan = waiting.pop(sock)
+            line = chan.readline()
+            message = decode(line)
+            if not isinstance(message, ArmReady) or message.arm not in pending:
+                raise RuntimeError(f"an arm process sent {line.strip()[:120]!r} instead of being ready")
+            arm = pending.pop(message.arm)
+            arm.chan, arm.ready = chan, message
+
+
+def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, stop: Callable[[Measurement], bool],
+                   progress: bool = True, desc: str | None = None):
+    """Measure a round with its two arms in two processes taking turns (module docstring); both records go to
+    `folder`/reference and `folder`/candidate, the pairs to `folder`/paired.json.
+
+    plan: a paired.SpeedPlan as a dict (block_steps, looks, …); stop(measurement) → True ends the measurement
+    after a pair. Returns (reference record or None, candidate record or None, the paired.json dict or None,
+    error text ("" when both arms left their records)), as spawn.paired.launch_pair does.
+    """
+    folder = absolute(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    k, max_pairs = plan["block_steps"], plan["looks"][-1]
+    warmup = max(c.steady_after for c in (reference, candidate))
+    # Each arm compiles cold, as in a paired process: MindSpore keys its cache by source files, two arms of one
+    # config would fill one folder at the same time, and the measurement-only steps lengthen the LR list, which
+    # the cache's key does not hold (a warm arm then failed in Gather past the old list's end).
+    cfgs = {"reference": with_changes(reference, {"compile_cache": False}),
+            "candidate": with_changes(candidate, {"compile_cache": False})}
+    out = {"path": "processes", "block_steps": k, "interleave": "steps", "max_pairs": max_pairs,
+           "warmup_steps": warmup, "tokens_per_step": {n: c.tokens_per_step for n, c in cfgs.items()},
+           "pairs": [], "waits": [], "foreign_cores": [], "first_in_pair": [], "status": "running", "reason": "",
+           "warmup_ms": {}, "memory": {}}
+    tokens = (reference.tokens_per_step, candidate.tokens_per_step)
+    bar, label = None, desc or folder.name
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=max_pairs, desc=label, unit="pair", leave=True)
+    t0 = time.perf_counter()
+    arms: dict[str, _Arm] = {}
+    error = ""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        try:
+            arms = {n: _Arm(n, cfgs[n], folder, listener.getsockname()[:2], warmup, warmup + k * max_pairs)
+                    for n in ARMS}
+            _connect(listener, arms)
+            broken = [a for a in arms.values() if a.ready.status != "ok"]
+            for arm in arms.values():
+                out["warmup_ms"][arm.name] = arm.ready.warmup_ms
+                out["memory"][f"{arm.name}_resident_bytes"] = arm.ready.resident_bytes
+            if broken:
+                raise RuntimeError(f"the {broken[0].name} arm ended '{broken[0].ready.status}' in its warm-up: "
+                                   f"{broken[0].ready.reason}")
+            out["setup_s"] = time.perf_counter() - t0
+            _measure(arms, out, k, max_pairs, tokens, stop, bar, label)
+        except (RuntimeError, OSError) as exc:
+            out["status"], error = "failed", str(exc).splitlines()[0]
+            out["reason"] = error
+        finally:
+            if out["status"] == "running":
+                out["status"] = "ok"
+            out["measure_s"] = time.perf_counter() - t0 - out.get("setup_s", 0.0)
+            ok = out["status"] == "ok"
+            for name in ARMS:  # one after the other: completing a record is not measured
+                if name in arms:
+                    other = next(n for n in ARMS if n != name)
+                    arms[name].close(ok, "" if ok else f"the {other} arm or the measurement ended first "
+                                                       f"({out['reason']})")
+            if bar is not None:
+                bar.close()
+    out["wall_s"] = time.perf_counter() - t0
+    atomic_write_json(folder / PAIRED_FILE, out)
+    records = {}
+    for name in ("reference", "candidate"):
+        try:
+            records[name] = load_run(folder / name)
+        except RecordError:
+            records[name] = None
+    if not error and None in records.values():
+        error = f"the {next(n for n, r in records.items() if r is None)} arm left no record"
+    return records["reference"], records["candidate"], out, error
+
+
+def _measure(arms: dict[str, _Arm], out: dict, k: int, max_pairs: int, tokens: tuple[float, float],
+             stop: Callable[[Measurement], bool], bar, label: str) -> None:
+    """The pairs: K steps of each arm, woven one by one in ABBA order, until `stop` or `max_pairs`."""
+    foreign = ForeignLoad(lambda: [a.proc.pid for a in arms.values()])
+    for i in range(max_pairs):
+        order = ("reference", "candidate") if i % 2 == 0 else ("candidate", "reference")
+        got = {n: StepResult([], []) for n in order}
+        foreign.start()
+        for j in range(k):
+            for name in order if j % 2 == 0 else order[::-1]:
+                result = arms[name].step()
+                got[name].times_ms += result.times_ms
+                got[name].waits_ms += result.waits_ms
+                got[name].loss, got[name].ended = result.loss, result.ended
+        ended = [n for n, g in got.items() if g.ended not in ("", "ok") or len(g.times_ms) < k]
+        if ended:
+            out["status"] = "ended"
+            out["reason"] = f"the {ended[0]} arm's record ended '{got[ended[0]].ended}' before pair {i + 1} was complete"
+            return
+        out["pairs"].append((got["reference"].times_ms, got["candidate"].times_ms))
+        out["waits"].append((got["reference"].waits_ms, got["candidate"].waits_ms))
+        out["foreign_cores"].append(foreign.read())
+        out["first_in_pair"].append(order[0])
+        for name in order:
+            ms = sorted(got[name].times_ms)[len(got[name].times_ms) // 2]
+            publish(f"{label} {name}", {"step": out["warmup_steps"] + (i + 1) * k, "loss": got[name].loss,
+                                        "tokens_per_s": out["tokens_per_step"][name] * 1000.0 / ms})
+        if bar is not None:
+            bar.n = i + 1
+            bar.refresh()
+        if stop(Measurement(out["pairs"], tokens, out["waits"], out["foreign_cores"])):
+            return
