@@ -35,12 +35,15 @@ from helpers.tune.diagnose import Diagnosis, diagnose
 from helpers.tune.ledger import RoundError
 from helpers.record import RunRecord
 from helpers.paired import DP_PAIRED_PLAN, PAIRED_PLAN, PROCESS_PLAN, RUNS_PLAN
+from helpers.tune.convergence import TIME_TO_TARGET
+from helpers.tune.lr_rule import DEFAULT_LR_RULE, SCALED
 from helpers.tune.rounds import Workbook, load_runs
 from helpers.tune.speed_path import PAIRED, RUNS, speed_path
 
 BUDGET_MARGIN = 1.2  # run times on the shared 2-core machine drift ±20% between minutes
 DEFAULT_OVERHEAD_S = 8.0  # per-run cost outside the steps when this call measured none (a reopened workbook)
 COMPILE_ALLOWANCE_S = 5.0  # a first graph compile of nano: 2.4–3 s quiet, more under load
+TTQ_SEEDS = 2  # seeds per arm of a time-to-target round (a larger global batch)
 MAX_BATCH = 64  # batch doubling stops here: beyond it nano's step is compute-bound (facts: bs16→32 +6%)
 WHO = "autotune"
 FAMILIES = ("execution", "batch", "data", "threads", "amp", "recompute", "data_parallel")
@@ -71,6 +74,7 @@ class Candidate:
     why: str
     time_factor: float = 1.0  # candidate training time ÷ the best's, at worst
     extra_s: float = 0.0  # extra seconds per candidate run (e.g. msrun start-up)
+    objective: str = "speed"  # a larger global batch is judged by time to target, its lr scaled (lr_rule.py)
 
     def key(self) -> frozenset:
         return _key(self.changes)
@@ -112,12 +116,15 @@ def _tried(entries: list[dict]) -> set[frozenset]:
     round moved away from (going back would undo a measured win)."""
     tried = set()
     for e in entries:
+        # the lr a round scaled by its rule is not part of what was asked for (lr_rule.py)
+        derived = SCALED if e.get("lr_scaling") and not e["lr_scaling"].get("overridden") else ()
+        changes = {k: v for k, v in e["changes"].items() if k not in derived}
         # screened arms of the time-to-target search are tried too (helpers/tune/ttq_search.py)
         if e["event"] == "round" or (e["event"] == "note" and e["decision"] in ("skipped", "dropped", "promoted",
                                                                                "not run")):
-            tried.add(_key({k: v[1] for k, v in e["changes"].items()}))
+            tried.add(_key({k: v[1] for k, v in changes.items()}))
         if e["event"] == "round" and e["decision"] == "keep":
-            tried.add(_key({k: v[0] for k, v in e["changes"].items()}))
+            tried.add(_key({k: v[0] for k, v in changes.items()}))
     return tried
 
 
@@ -182,7 +189,9 @@ def _batch(cfg: Config, verdict: str, keep_global_batch: bool) -> tuple[list[Can
     if 2 * b > MAX_BATCH:
         return [], f"batch_size={b}: doubling passes the search cap {MAX_BATCH}"
     return [Candidate(f"batch_size_{2 * b}", "batch", {"batch_size": 2 * b},
-                      f"{why}; the rule compares loss at equal tokens", time_factor=2.0)], ""
+                      f"{why}; a larger global batch makes fewer updates per token, so it is judged by time to "
+                      f"target with the learning rate scaled by the {DEFAULT_LR_RULE} rule", time_factor=2.0,
+                      objective=TIME_TO_TARGET)], ""
 
 
 def _data(cfg: Config, diag: Diagnosis, cores: int) -> list[Candidate]:
@@ -305,6 +314,12 @@ def estimate_s(cand: Candidate, best: list[RunRecord], best_cfg: Config, overhea
     """(round estimate in seconds, how it was reckoned, in words); see the module docstring."""
     path, _ = speed_path(cand.changes, best_cfg)
     base = statistics.median(train_s(r) for r in best)
+    if cand.objective == TIME_TO_TARGET:  # TTQ_SEEDS runs of each arm, every one compiled cold
+        ref = overhead + base + COMPILE_ALLOWANCE_S
+        run = overhead + base * cand.time_factor + cand.extra_s + COMPILE_ALLOWANCE_S
+        return TTQ_SEEDS * (ref + run) * BUDGET_MARGIN, (f"{TTQ_SEEDS} seeds of each arm, cold compiles: "
+                                                          f"{TTQ_SEEDS}×({ref:.0f} s reference + {run:.0f} s "
+                                                          f"candidate)×{BUDGET_MARGIN}")
     if path == RUNS:
         pairs = RUNS_PLAN.max_pairs
         ref, run = overhead + base, overhead + base * cand.time_factor + cand.extra_s
@@ -421,7 +436,8 @@ def autotune(cfg: Config, out: str | os.PathLike, budget_min: float, repeats: in
                      "candidate_why": cand.why, "next_in_line": after, "estimate_s": round(est, 1),
                      "budget_left_s": round(left, 1), "overhead_s": round(overhead, 2)}
         t = time.monotonic()
-        done = wb.run_round(cand.name, cand.changes, progress=progress, who=WHO, why=why, reasoning=reasoning)
+        done = wb.run_round(cand.name, cand.changes, progress=progress, who=WHO, why=why, reasoning=reasoning,
+                            objective=cand.objective, seeds=TTQ_SEEDS)
         actual = time.monotonic() - t
         runs = [*load_runs(done.candidate_runs), *load_runs(done.reference_runs)]
         overheads.append(overhead_s(actual, runs))

@@ -578,11 +578,11 @@ class Workbook:
             if target_from == "reference seeds" and references and not error:
                 target = reference_level(references)
             verdict = self._verdict(records, references, error, baseline, objective, target, speed)
-            if scaling is not None:
-                verdict = dataclasses.replace(verdict, reason=f"{scaling.text()}; {verdict.reason}")
             if target_from == "reference seeds":
                 verdict = dataclasses.replace(verdict, reason=f"target = the level every reference seed reached at "
                                                               f"its last step; {verdict.reason}")
+            if scaling is not None:
+                verdict = dataclasses.replace(verdict, reason=f"{scaling.text()}; {verdict.reason}")
             if speed is not None:
                 atomic_write_json(folder / SPEED_FILE, {**speed, "verdict": verdict.to_dict()})
             rollback = self._save_rollback(folder / "rollback", cand, records)
