@@ -49,7 +49,14 @@ def show_table(record) -> str:
 
 def cmd_train(args) -> int:
     cfg = config_mod.absolute_paths(load_config(args.config, args.set))  # the record rereads the same files
+    _before_run(cfg)
     return _run(cfg, args.out, args.progress)
+
+
+def _before_run(cfg) -> None:
+    """Before anything is written or MindSpore is imported: the config's paths, modules and memory (`preflight`)."""
+    from helpers.run.preflight import preflight
+    preflight(cfg)
 
 
 def cmd_resume(args) -> int:
@@ -114,6 +121,9 @@ def cmd_pair(args) -> int:
     import json
     from helpers.run.pair import run_pair
     from helpers.tune.paired import SpeedPlan, stop_rule
+    if not Path(args.request).is_file():
+        raise ConfigError(f"paired-round request {args.request!r} does not exist; pass the JSON file "
+                          f"helpers/spawn/paired.py wrote")
     request = json.loads(Path(args.request).read_text(encoding="utf-8"))
     ref, cand = load_config(request["reference"]), load_config(request["candidate"])
     plan = SpeedPlan.from_dict(request["plan"])
@@ -154,6 +164,7 @@ def cmd_profile(args) -> int:
     check_path(args.out)
     cfg = load_config(args.config, args.set)
     cfg = config_mod.with_changes(cfg, {"monitor.profile_steps": args.steps, "monitor.profile_start": args.start})
+    _before_run(cfg)
     code = _run(cfg, args.out, args.progress)
     if code not in (0, 3):
         return code

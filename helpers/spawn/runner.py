@@ -14,6 +14,7 @@ from pathlib import Path
 from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import REPO_ROOT, absolute
+from helpers.run.preflight import preflight
 from helpers.run.rows import decode_row
 from helpers.spawn import zygote
 from helpers.spawn.live import publish
@@ -39,10 +40,12 @@ def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc:
     """Train `cfg` in a child process writing `run_dir`; returns its RunRecord (failed runs included).
 
     progress: show a tqdm bar (a widget in Jupyter) fed by the child's per-step JSON lines. Every row also goes
-    to the live listeners (`spawn/live.py`), labelled `desc`.
+    to the live listeners (`spawn/live.py`), labelled `desc`. Before a process starts, a config that cannot fit in
+    memory or reads a missing path is refused (ConfigError).
     """
     run_dir = absolute(run_dir)  # the child runs in the repository: hand it paths that mean what the caller meant
     cfg = config_mod.absolute_paths(cfg)
+    preflight(cfg, modules=False)
     run_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=run_dir, prefix=".request.") as fh:
         fh.write(config_mod.dump(cfg))
