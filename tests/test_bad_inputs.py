@@ -8,7 +8,7 @@ Stages, earliest first:
   workbook — raised by a Workbook / workbook-run operation before it starts any run: ledger and folders unchanged;
   launch   — raised before msrun starts (no msrun_logs/);
   preflight — raised by the checks `train`, `profile` and `launch` make once the config is read, before anything is
-             written or MindSpore is imported: the paths it reads, the modules it names, its memory.
+             written or MindSpore is imported: the paths it reads, the modules it names, its memory, the --out folder.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 
 from helpers.config import ConfigError, from_dict, load_config
 from helpers.run.data import DataError
+from helpers.run.outdir import claim
 from helpers.run.preflight import preflight
 from helpers.spawn.msrun import check_port
 from helpers.record import RecordError, load_run
@@ -123,6 +124,13 @@ def checked(*overrides):
     return lambda tmp: preflight(from_dict({}, list(overrides)))
 
 
+def out_holds_failed_run(tmp):
+    """A real failed record (a missing corpus), then a second run into its folder."""
+    with pytest.raises(DataError):
+        Trainer(tiny(tmp / "missing.txt"), tmp / "run").run()
+    return claim(tmp / "run", tiny(tmp / "c.txt"))
+
+
 def tensorboard_of_missing_folder(tmp):
     from helpers.book.tensorboard import export_tensorboard
     return export_tensorboard([tmp / "nowhere"], tmp / "tb")
@@ -184,6 +192,9 @@ CASES = {  # name: (stage, trigger(tmp), words expected in the one-line error)
                                 ["monitor.callbacks item 'no_such_module:factory' cannot be imported"]),
     "resume_from missing": ("preflight", checked("resume_from=/no/such/run"),
                             ["resume_from='/no/such/run' does not exist"]),
+    "--out holds a failed run": ("preflight", out_holds_failed_run,
+                                 ["already holds an unfinished run (status failed, no checkpoint to resume from)",
+                                  "train into another --out folder", "--replace", "Nothing was written"]),
     "tensorboard of a missing folder": ("config", tensorboard_of_missing_folder, ["nowhere' does not exist"]),
     "notebooks folder missing": ("config", lambda tmp: discover(tmp / "nowhere"),
                                  ["notebooks folder", "nowhere' does not exist"]),
