@@ -49,7 +49,19 @@ def show_table(record) -> str:
 
 def cmd_train(args) -> int:
     cfg = config_mod.absolute_paths(load_config(args.config, args.set))  # the record rereads the same files
+    _before_run(cfg, args.out, args.replace)
     return _run(cfg, args.out, args.progress)
+
+
+def _before_run(cfg, out, replace: bool) -> None:
+    """Before anything is written or MindSpore is imported: the config's paths, modules and memory (`preflight`),
+    then --out, which must not hold another run's record unless --replace moves it aside (`outdir.claim`)."""
+    from helpers.run.outdir import claim
+    from helpers.run.preflight import preflight
+    preflight(cfg)
+    moved = claim(out, cfg, replace)
+    if moved:
+        print(moved, file=sys.stderr)
 
 
 def cmd_resume(args) -> int:
@@ -114,6 +126,9 @@ def cmd_pair(args) -> int:
     import json
     from helpers.paired import SpeedPlan, stop_rule
     from helpers.run.pair import run_pair
+    if not Path(args.request).is_file():
+        raise ConfigError(f"paired-round request {args.request!r} does not exist; pass the JSON file "
+                          f"helpers/spawn/paired.py wrote")
     request = json.loads(Path(args.request).read_text(encoding="utf-8"))
     ref, cand = load_config(request["reference"]), load_config(request["candidate"])
     plan = SpeedPlan.from_dict(request["plan"])
@@ -160,6 +175,7 @@ def cmd_profile(args) -> int:
     check_path(args.out)
     cfg = load_config(args.config, args.set)
     cfg = config_mod.with_changes(cfg, {"monitor.profile_steps": args.steps, "monitor.profile_start": args.start})
+    _before_run(cfg, args.out, args.replace)
     code = _run(cfg, args.out, args.progress)
     if code not in (0, 3):
         return code
@@ -232,6 +248,12 @@ def add_progress_argument(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--progress", choices=PROGRESS_KINDS, default=default)
 
 
+def add_replace_argument(p: argparse.ArgumentParser) -> None:
+    """--replace: a run record already in --out is moved aside (one rename) instead of refusing the run."""
+    p.add_argument("--replace", action="store_true",
+                   help="if --out holds a run record, move it whole to <out>.replaced-<time> first (default: refuse)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m helpers", description="MindSpore LLM-training tuning workbook")
     sub = p.add_subparsers(dest="command", required=True)
@@ -239,7 +261,8 @@ def parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train one run and write its record")
     add_config_arguments(t)
-    t.add_argument("--out", required=True, help="run directory to write")
+    t.add_argument("--out", required=True, help="run directory to write (new, or empty)")
+    add_replace_argument(t)
     add_progress_argument(t, default_progress)
     t.set_defaults(func=cmd_train)
 
@@ -288,6 +311,7 @@ def parser() -> argparse.ArgumentParser:
     pf.add_argument("--start", type=int, default=0, help="first profiled step; 0 = after steady_after")
     pf.add_argument("--top", type=int, default=10, help="operators to print")
     pf.add_argument("--out", required=True, help="run directory to write (no '=' or ',' in the path)")
+    add_replace_argument(pf)
     add_progress_argument(pf, default_progress)
     pf.set_defaults(func=cmd_profile)
 

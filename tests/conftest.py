@@ -33,6 +33,11 @@ def small_corpus(tmp_path_factory) -> Path:
     return path
 
 
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, by path relative to it → its bytes (to show a record was not touched)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def wait_for(predicate, timeout_s: float, poll_s: float = 0.1) -> bool:
     """Poll `predicate` until it is truthy or `timeout_s` seconds pass; returns whether it became true."""
     import time

@@ -6,7 +6,9 @@ Stages, earliest first:
   data     — raised by the corpus check that `Trainer.run` does before importing MindSpore: the run folder
              holds a 'failed' record with the reason and no metrics rows;
   workbook — raised by a Workbook / workbook-run operation before it starts any run: ledger and folders unchanged;
-  launch   — raised before msrun starts (no msrun_logs/).
+  launch   — raised before msrun starts (no msrun_logs/);
+  preflight — raised by the checks `train`, `profile` and `launch` make once the config is read, before anything is
+             written or MindSpore is imported: the paths it reads, the modules it names, its memory, the --out folder.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import pytest
 
 from helpers.config import ConfigError, from_dict, load_config
 from helpers.run.data import DataError
+from helpers.run.outdir import claim
+from helpers.run.preflight import preflight
 from helpers.spawn.msrun import check_port
 from helpers.record import RecordError, load_run
 from helpers.tune.rounds import RoundError, Workbook
@@ -115,6 +119,23 @@ def foreign_run_dir(tmp):
     return load_run(tmp / "notarun")
 
 
+def checked(*overrides):
+    """The preflight checks of `train`/`launch` on the default config with `overrides`."""
+    return lambda tmp: preflight(from_dict({}, list(overrides)))
+
+
+def out_holds_failed_run(tmp):
+    """A real failed record (a missing corpus), then a second run into its folder."""
+    with pytest.raises(DataError):
+        Trainer(tiny(tmp / "missing.txt"), tmp / "run").run()
+    return claim(tmp / "run", tiny(tmp / "c.txt"))
+
+
+def tensorboard_of_missing_folder(tmp):
+    from helpers.book.tensorboard import export_tensorboard
+    return export_tensorboard([tmp / "nowhere"], tmp / "tb")
+
+
 # ----------------------------------------------------------------------------------------------- table
 
 CASES = {  # name: (stage, trigger(tmp), words expected in the one-line error)
@@ -156,6 +177,27 @@ CASES = {  # name: (stage, trigger(tmp), words expected in the one-line error)
     "unknown notebook parameter": ("config", notebook_param(stpes=10), ["did you mean 'steps'"]),
     "msrun port in use": ("launch", port_in_use, ["is already in use", "parallel.master_port=0"]),
     "not a run folder": ("config", foreign_run_dir, ["is not a run record", "pass the --out folder"]),
+    "seq_len beyond memory": ("preflight", checked("model.preset=tiny", "model.seq_len=100000"),
+                              ["model.seq_len=100000 cannot fit in memory", "GiB", "lower model.seq_len"]),
+    "batch beyond memory": ("preflight", checked("model.preset=tiny", "batch_size=10000000"),
+                            ["batch_size=10000000 cannot fit in memory", "activations", "lower batch_size"]),
+    "d_model beyond memory": ("preflight", checked("model.d_model=1048576"),
+                              ["model.d_model=1048576 cannot fit in memory", "block weights", "lower model.d_model"]),
+    "vocab_size beyond memory": ("preflight", checked("model.vocab_size=10000000000"),
+                                 ["model.vocab_size=10000000000 cannot fit in memory", "logits"]),
+    "model.build module missing": ("preflight", checked("model.build=no_such_module:build"),
+                                   ["model.build 'no_such_module:build' cannot be imported",
+                                    "no module named 'no_such_module'"]),
+    "callback module missing": ("preflight", checked("monitor.callbacks=[no_such_module:factory]"),
+                                ["monitor.callbacks item 'no_such_module:factory' cannot be imported"]),
+    "resume_from missing": ("preflight", checked("resume_from=/no/such/run"),
+                            ["resume_from='/no/such/run' does not exist"]),
+    "--out holds a failed run": ("preflight", out_holds_failed_run,
+                                 ["already holds an unfinished run (status failed, no checkpoint to resume from)",
+                                  "train into another --out folder", "--replace", "Nothing was written"]),
+    "tensorboard of a missing folder": ("config", tensorboard_of_missing_folder, ["nowhere' does not exist"]),
+    "notebooks folder missing": ("config", lambda tmp: discover(tmp / "nowhere"),
+                                 ["notebooks folder", "nowhere' does not exist"]),
 }
 
 

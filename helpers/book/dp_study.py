@@ -16,7 +16,7 @@ from helpers.config import Config, from_dict, with_changes
 from helpers.paths import absolute
 from helpers.book.planner import GB, MODELS, Strategy, eight_by_40gb, estimate, plan_rows, recommend, shape_of
 from helpers.record import RunRecord
-from helpers.spawn.runner import launch
+from helpers.spawn.runner import launch_or_reuse
 from helpers.tune.rounds import Workbook
 from helpers.tune.study import run_rounds
 from helpers.units import MIB
@@ -60,9 +60,10 @@ def fusion_records(wb: Workbook, results: list) -> dict[str, RunRecord]:
 
 
 def run_all(configs: dict[str, Config], runs_dir: str | os.PathLike) -> dict[str, RunRecord]:
-    """Train every config in its own folder under runs_dir (relative: to the working directory) via `runner.launch`."""
+    """Train every config in its own folder under runs_dir (relative: to the working directory) via `runner.launch`;
+    a finished run of the same config already there is reused, another record moved aside (`launch_or_reuse`)."""
     root = absolute(runs_dir)
-    return {label: launch(cfg, root / label.replace(" ", "_"), desc=label) for label, cfg in configs.items()}
+    return {label: launch_or_reuse(cfg, root / label.replace(" ", "_"), desc=label) for label, cfg in configs.items()}
 
 
 def comm_table(records: dict[str, RunRecord]) -> pd.DataFrame:

@@ -148,6 +148,9 @@ def load_params(path: str | os.PathLike | None) -> dict[str, Any]:
 
 def discover(notebooks_dir: Path) -> list[Path]:
     """Notebooks named NN_*.ipynb, in order."""
+    if not Path(notebooks_dir).is_dir():
+        raise WorkbookError(f"notebooks folder {str(notebooks_dir)!r} does not exist; pass the workbook's notebooks "
+                            f"folder")
     found = sorted(Path(notebooks_dir).glob("[0-9][0-9]_*.ipynb"))
     if not found:
         raise WorkbookError(f"no NN_*.ipynb notebooks in {str(notebooks_dir)!r}; pass the workbook's notebooks folder")

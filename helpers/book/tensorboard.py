@@ -94,6 +94,8 @@ def export_tensorboard(sources: list[str | Path], out: str | Path) -> list[Path]
             plan += [(r, out / src.name / r.path.relative_to(src), note) for r, note in _workbook_runs(src)]
         elif (src / SUMMARY_FILE).is_file():
             plan.append((load_run(src), out / src.name, None))
+        elif not src.exists():
+            raise RecordError(f"{str(src)!r} does not exist; pass run or workbook folders")
         else:
             raise RecordError(f"{str(src)!r} is neither a run folder (summary.json) nor a workbook (workbook.json); "
                               f"pass run or workbook folders")

@@ -505,7 +505,12 @@ class Trainer:
             yield from self._train_dataset(0).create_tuple_iterator(num_epochs=1, output_numpy=True)
 
 
-def train(cfg: Config, run_dir: str | os.PathLike, progress=None):
-    """Train in this process and return the loaded RunRecord (use `runner.launch` for a separate process)."""
+def train(cfg: Config, run_dir: str | os.PathLike, progress=None, replace: bool = False):
+    """Train in this process and return the loaded RunRecord (use `runner.launch` for a separate process). A run_dir
+    that holds another run's record is refused, or with `replace` moved aside first (`outdir.claim`)."""
+    from helpers.run.outdir import claim
+    moved = claim(run_dir, cfg, replace)
+    if moved:
+        print(moved)
     Trainer(cfg, run_dir, progress).run()
     return load_run(run_dir)

@@ -14,10 +14,12 @@ from pathlib import Path
 from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import REPO_ROOT, absolute
+from helpers.run.outdir import claim, finished_same
+from helpers.run.preflight import preflight
 from helpers.run.rows import decode_row
 from helpers.spawn import zygote
 from helpers.spawn.live import publish
-from helpers.record import RecordError, load_run
+from helpers.record import RecordError, RunRecord, load_run
 
 
 def child_env() -> dict:
@@ -35,14 +37,21 @@ if "ipykernel" in sys.modules:  # a notebook kernel: its zygote warms up while t
 
 
 def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc: str | None = None,
-           timeout_s: float | None = None):
+           timeout_s: float | None = None, replace: bool = False):
     """Train `cfg` in a child process writing `run_dir`; returns its RunRecord (failed runs included).
 
     progress: show a tqdm bar (a widget in Jupyter) fed by the child's per-step JSON lines. Every row also goes
-    to the live listeners (`spawn/live.py`), labelled `desc`.
+    to the live listeners (`spawn/live.py`), labelled `desc`. Before a process starts, a config that cannot fit in
+    memory or reads a missing path is refused (ConfigError), and so is a run_dir that holds a run record
+    (RecordError), unless `replace`: then the old record is first moved aside whole (`outdir.claim`, which says
+    where in a printed line).
     """
     run_dir = absolute(run_dir)  # the child runs in the repository: hand it paths that mean what the caller meant
     cfg = config_mod.absolute_paths(cfg)
+    preflight(cfg, modules=False)
+    moved = claim(run_dir, cfg, replace)
+    if moved:
+        print(moved)
     run_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=run_dir, prefix=".request.") as fh:
         fh.write(config_mod.dump(cfg))
@@ -64,6 +73,24 @@ def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc:
     except RecordError:
         tail = (run_dir / "train.log").read_text(errors="replace")[-2000:]
         raise RuntimeError(f"training process exited {code} without a record; log tail:\n{tail}") from None
+
+
+def launch_or_reuse(cfg: Config, run_dir: str | os.PathLike, progress: bool = True,
+                    desc: str | None = None) -> RunRecord:
+    """`launch` for a cell that trains into a fixed folder and may be run twice: a finished run of the same config
+    already in run_dir is returned as it is (`reuse`); any other record there is moved aside first. Either is
+    said in a printed line."""
+    return reuse(cfg, run_dir) or launch(cfg, run_dir, progress, desc, replace=True)
+
+
+def reuse(cfg: Config, run_dir: str | os.PathLike) -> RunRecord | None:
+    """The finished run of `cfg` in run_dir (`outdir.finished_same`), said in a printed line; else None."""
+    run_dir = absolute(run_dir)
+    record = finished_same(run_dir, config_mod.absolute_paths(cfg))
+    if record is not None:
+        print(f"reused the finished run of this same config in {run_dir} (nothing trained; a different config "
+              f"would move it aside)")
+    return record
 
 
 def stream_child(cmd: list[str], log_path: Path, on_line, timeout_s: float | None = None) -> int:
@@ -95,6 +122,8 @@ def _show(bar, label: str, line: str) -> None:
 
 def profile_run(cfg: Config, run_dir, window: int = 20, progress: bool = True):
     """Train `cfg` once more in its own process with a profiler window (`with_profiler`); returns the
-    RunRecord, whose profile `load_profile(record.path)` reads."""
+    RunRecord, whose profile `load_profile(record.path)` reads. A finished profiled run of the same config already
+    in run_dir is reused, any other record there moved aside (`launch_or_reuse`)."""
     from helpers.run.profile import with_profiler  # numpy: not on the CLI's fast path (a typo fails in ~0.1 s)
-    return launch(with_profiler(cfg, window), run_dir, progress=progress, desc=f"profiled {Path(run_dir).name}")
+    return launch_or_reuse(with_profiler(cfg, window), run_dir, progress=progress,
+                           desc=f"profiled {Path(run_dir).name}")

@@ -18,7 +18,8 @@ import pandas as pd
 from helpers import config as config_mod
 from helpers.config import Config
 from helpers.run.profile import PROFILE_DIR, PROFILE_JSON, load_profile, with_profiler
-from helpers.record import RecordError, RunRecord, load_run
+from helpers.record import RunRecord, load_run
+from helpers.run.outdir import finished_same
 from helpers.spawn.runner import launch
 from helpers.tune.ledger import RoundError
 from helpers.tune.study import base_config
@@ -49,12 +50,8 @@ def _profiled_dir(result) -> Path:
 
 def _reusable(run_dir: Path, cfg: Config) -> RunRecord | None:
     """The finished, profiled record of `cfg` (a profiled config) already in run_dir, else None."""
-    try:
-        record = load_run(run_dir)
-    except RecordError:
-        return None
-    same = config_mod.dump(record.config) == config_mod.dump(config_mod.absolute_paths(cfg))
-    return record if record.status == "ok" and same and (run_dir / PROFILE_DIR / PROFILE_JSON).is_file() else None
+    record = finished_same(run_dir, config_mod.absolute_paths(cfg))
+    return record if record is not None and (run_dir / PROFILE_DIR / PROFILE_JSON).is_file() else None
 
 
 def _own_profile(runs) -> RunRecord | None:
@@ -82,7 +79,8 @@ def profile_arms(result, window: int = 8, progress: bool = True) -> tuple[RunRec
             continue
         profiled = with_profiler(load_run(runs[0]).config, window)
         run_dir = _profiled_dir(result) / role
-        arms.append(_reusable(run_dir, profiled) or launch(profiled, run_dir, progress, f"profiled {role}"))
+        arms.append(_reusable(run_dir, profiled)  # else an earlier, different record there is moved aside
+                    or launch(profiled, run_dir, progress, f"profiled {role}", replace=True))
     return arms[0], arms[1]
 
 

@@ -1,5 +1,8 @@
 """Measurements the notebooks need beside rounds: the notebooks' base config, one-run-per-value sweeps,
-cold vs warm compile cache, the graph-mode break-even step count, and configs the device refuses."""
+cold vs warm compile cache, the graph-mode break-even step count, and configs the device refuses.
+
+Their runs go into fixed folders, so a notebook run twice finds its earlier runs there: a finished run of the same
+config is reused, any other record moved aside, and a printed line says which (`runner.launch_or_reuse`)."""
 from __future__ import annotations
 
 import os
@@ -7,9 +10,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from helpers import config as config_mod
 from helpers.config import Config, ConfigError, from_dict, with_changes
 from helpers.record import CONFIG_FILE, RunRecord
-from helpers.spawn.runner import launch
+from helpers.run.outdir import finished_same
+from helpers.spawn.runner import launch, launch_or_reuse, reuse
 
 
 def base_config(preset: str = "nano", steps: int = 50, corpus: str | list[str] = "tinyshakespeare",
@@ -37,10 +42,11 @@ def study_dir(workbook_dir: str | os.PathLike, name: str) -> Path:
 def run_variants(cfg: Config, variants: dict[Any, dict[str, Any]], out_dir: str | os.PathLike,
                  label_key: str, progress: bool = True) -> list[tuple[Any, RunRecord]]:
     """One run of `cfg` + changes per {label: changes} variant, in <out_dir>/<label_key>_<label>/;
-    returns (label, record) pairs. All configs are validated before the first run starts."""
+    returns (label, record) pairs. All configs are validated before the first run starts; a finished run of the
+    same config already in a variant's folder is reused (`launch_or_reuse`)."""
     out = Path(out_dir)
     configs = [(label, with_changes(cfg, changes)) for label, changes in variants.items()]
-    return [(label, launch(c, out / slug(label_key, label), progress=progress, desc=f"{label_key}={label}"))
+    return [(label, launch_or_reuse(c, out / slug(label_key, label), progress=progress, desc=f"{label_key}={label}"))
             for label, c in configs]
 
 
@@ -68,14 +74,19 @@ def compile_cache_runs(cfg: Config, out_dir: str | os.PathLike, progress: bool =
                        steps: int | None = None) -> dict[str, list[RunRecord]]:
     """Two runs in separate processes with the compile cache on, the first into an empty cache folder:
     {'cold cache': [record], 'warm cache': [record]}; their summaries' compile_s is the first step (s).
-    steps: steps per run instead of cfg's (the first step is the compile; the rest give the steady step time)."""
+    steps: steps per run instead of cfg's (the first step is the compile; the rest give the steady step time).
+    When both runs of the same config are already in out_dir, finished, they are reused (the cache is left as they
+    left it); otherwise the cache is emptied and both are trained again, earlier records moved aside."""
     out = Path(out_dir)
     cache = out / "compile_cache"
-    shutil.rmtree(cache, ignore_errors=True)
     cached = with_changes(cfg, {"compile_cache": True, "compile_cache_path": str(cache),
                                 **({"steps": steps} if steps is not None else {})})
-    return {f"{kind} cache": [launch(cached, out / kind, progress=progress, desc=f"compile cache {kind}")]
-            for kind in ("cold", "warm")}
+    kinds = ("cold", "warm")
+    if all(finished_same(out / kind, config_mod.absolute_paths(cached)) for kind in kinds):
+        return {f"{kind} cache": [reuse(cached, out / kind)] for kind in kinds}
+    shutil.rmtree(cache, ignore_errors=True)
+    return {f"{kind} cache": [launch(cached, out / kind, progress=progress, desc=f"compile cache {kind}",
+                                     replace=True)] for kind in kinds}
 
 
 def compile_cache_reused(out_dir: str | os.PathLike, warm: RunRecord) -> bool:

@@ -11,11 +11,11 @@ import pytest
 import yaml
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers.book.notebooks import (NOTEBOOKS_DIR, WorkbookError, check_params, discover, notebook_parameters,
-                                  preflight, run_workbook)
+from helpers.book.notebooks import (NOTEBOOKS_DIR, WorkbookError, check_params, discover, kernel_env,
+                                  notebook_parameters, preflight, run_workbook)
 from helpers.record import load_run
 from helpers.spawn import zygote
-from tests.conftest import run_cli
+from tests.conftest import run_cli, snapshot
 
 
 def load_runs(folder: Path) -> list:
@@ -219,3 +219,30 @@ def test_every_notebook_runs_from_its_folder_with_its_own_defaults(notebooks_run
         frames = [base64.b64decode(o["data"]["image/png"]) for o in cell.outputs if "image/png" in o.get("data", {})]
         empty = png(LiveCurves(lambda _: None, f"round: {title}").figure())
         assert len(frames) == 1 and frames[0] != empty, f"{name}: no curves in the round's live plot"
+
+
+@pytest.mark.slow
+def test_a_notebook_run_twice_into_one_workbook_reuses_its_fixed_folder_run(tmp_path, small_corpus):
+    """Issue 30: 01_baseline trains its profiled baseline into a fixed study folder. Executed again into the same
+    workbook it runs to the end, trains nothing, says what it reused, and the first run's record is untouched.
+    (05_batch_size's sweep goes through the same `launch_or_reuse`: tune/test_study.py runs a sweep twice.)"""
+    import papermill as pm
+    books = tmp_path / "notebooks"
+    books.mkdir()
+    shutil.copy(NOTEBOOKS_DIR / "01_baseline.ipynb", books)
+    book = tmp_path / "workbook"
+    params = {"workbook_dir": str(book), "preset": "tiny", "steps": 8, "corpus": str(small_corpus)}
+    profiled = book / "studies" / "profiled_baseline"
+
+    def execute(k: int) -> str:
+        out = books / f"run_{k}.ipynb"
+        with kernel_env():  # the kernel imports this checkout's helpers, as `python -m helpers workbook` gives it
+            pm.execute_notebook(str(books / "01_baseline.ipynb"), str(out), parameters=params, cwd=str(books),
+                                progress_bar=False, kernel_name="python3")
+        cells = nbformat.read(str(out), as_version=4).cells
+        return "".join(o.get("text", "") for c in cells for o in c.get("outputs", []))
+
+    assert "reused" not in execute(1)
+    before = snapshot(book)
+    assert f"reused the finished run of this same config in {profiled} (nothing trained" in execute(2)
+    assert snapshot(book) == before and not list(book.rglob("*.replaced-*"))

@@ -1,0 +1,46 @@
+"""What is checked in a config before anything is written or MindSpore is imported (the CLI's fast path, and
+`launch` before it starts a process): the paths it reads exist, the modules it names can be found, and its
+arrays can fit in memory (`footprint`). Each failure is one ConfigError line.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from helpers.config import Config, ConfigError
+from helpers.run.footprint import check_fits
+
+
+def check_paths(cfg: Config) -> None:
+    """A resume_from that does not exist is named as missing (corpus files are checked with the data)."""
+    if cfg.resume_from and not Path(cfg.resume_from).exists():
+        raise ConfigError(f"resume_from={cfg.resume_from!r} does not exist; pass a run folder or one of its "
+                          f"checkpoints/step_N.ckpt files")
+
+
+def check_modules(cfg: Config) -> None:
+    """Every 'pkg.module:function' in model.build and monitor.callbacks names a module this process can find.
+
+    importlib.util.find_spec imports at most the module's parent packages, not the module (which may import
+    MindSpore), so a typo is the first and only line, before the ~2 s import.
+    """
+    named = [("model.build", cfg.model.build)] if cfg.model.build else []
+    named += [("monitor.callbacks item", spec) for spec in cfg.monitor.callbacks]
+    for what, spec in named:
+        module, _, function = spec.partition(":")
+        try:
+            missing = "" if importlib.util.find_spec(module) is not None else f"no module named {module!r}"
+        except Exception as exc:  # a parent package that is missing or fails to import
+            missing = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if missing:
+            raise ConfigError(f"{what} {spec!r} cannot be imported ({missing}); check the module is on PYTHONPATH "
+                              f"(or in the working folder) and defines {function}")
+
+
+def preflight(cfg: Config, modules: bool = True) -> None:
+    """All of the above. modules=False where the process that trains has another Python path (`launch`'s child
+    adds the caller's folder to PYTHONPATH and checks them itself)."""
+    check_paths(cfg)
+    if modules:
+        check_modules(cfg)
+    check_fits(cfg)
