@@ -538,6 +538,11 @@ class Workbook:
         with self._lock.hold():
             entries = self.ledger()
             self._pinned(entries)
+            done = self._recorded(name, changes, objective, entries)
+            if done is not None:  # a notebook run again: the round is in the ledger already
+                print(f"round {done.index} ({name}) is recorded already: {done.decision}; reused, nothing trained "
+                      f"(measure it again under another name)")
+                return done
             cand, moved = self.candidate(name, changes, objective)
             best_round = self._best_round(entries)
             best, _ = self._source(best_round, entries)
@@ -598,6 +603,14 @@ class Workbook:
                           "who": who or _user(), "when": _now(), **_reasons(why, reasoning)},
                          index if verdict.decision == "keep" else best_round, entries)
             return self.rounds()[-1]
+
+    def _recorded(self, name: str, changes: dict[str, Any], objective: str, entries: list[dict]) -> RoundResult | None:
+        """The latest recorded round of this name, objective and requested values, if any."""
+        for e in reversed(entries):
+            if (e["event"] == "round" and e["name"] == name and e.get("objective", "speed") == objective
+                    and all(k in e["changes"] and e["changes"][k][1] == v for k, v in changes.items())):
+                return next(r for r in self.rounds() if r.index == e["round"])
+        return None
 
     def note(self, name: str, why: str, changes: dict[str, tuple] | None = None, decision: str = "note",
              who: str | None = None, reasoning: dict | None = None) -> None:

@@ -227,6 +227,16 @@ def test_ledger_is_append_only(book, tmp_path):
     assert all({"round", "changes", "verdict", "decision", "who", "when"} <= set(e) for e in copy.ledger())
 
 
+def test_a_round_run_again_is_reused_not_trained(book, tmp_path, capsys):
+    """A notebook run a second time on its workbook: the recorded round comes back, nothing trains, no entry."""
+    wb = copy_of(book[0], tmp_path / "copy")
+    ledger = (wb.path / "ledger.jsonl").read_text()
+    again = wb.run_round("eager", {"mode": "pynative", "jit_level": "none"}, progress=False)
+    assert again.index == 1 and again.decision == wb.rounds()[0].decision
+    assert "round 1 (eager) is recorded already" in capsys.readouterr().out
+    assert (wb.path / "ledger.jsonl").read_text() == ledger and not (wb.path / "interrupted").exists()
+
+
 def test_second_process_is_refused_by_the_lock(book, tmp_path):
     wb = copy_of(book[0], tmp_path / "copy")
     script = ("import sys\nfrom helpers.tune.rounds import Workbook, RoundError\n"
