@@ -28,6 +28,10 @@ def _num(value: Any, scale: float = 1.0, digits: int = 1):
     return round(value * scale, digits)
 
 
+# MFU against each peak (helpers/run/peaks.py), named in the column: the summary names how each was found.
+MFU_MATMUL, MFU_HARDWARE = "MFU (% of matmul peak)", "MFU (% of hardware peak)"
+
+
 def run_row(record: RunRecord) -> dict[str, Any]:
     """One run as a table row: model, parallelism, batch, speed, MFU, memory, loss."""
     s, cfg = record.summary, record.config
@@ -41,7 +45,8 @@ def run_row(record: RunRecord) -> dict[str, Any]:
         "micro-batch/device": micro_batch_per_device(cfg),
         "step (ms)": _num(s.get("step_time_ms")),
         "tokens/s": _num(s.get("tokens_per_s"), digits=0),
-        "MFU (%)": _num(s.get("mfu"), 100.0, 2),
+        MFU_MATMUL: _num(s.get("mfu"), 100.0, 2),
+        MFU_HARDWARE: _num(s.get("mfu_hardware"), 100.0, 2),
         f"{memory_label(s)} (MiB)": _num(s.get("peak_memory_bytes"), 1 / MIB, 0),  # RSS on CPU, device off it
         "data wait (%)": _num(s.get("data_wait_share"), 100.0, 2),
         "comm (% of step)": _num(s.get("comm_step_share"), 100.0, 2) if dp > 1 else "n/a (single process)",
@@ -271,20 +276,24 @@ def comparison_html(workbook_dir: str | os.PathLike, failed_notebooks: dict[str,
 
 # ------------------------------------------------------------------------------------- environment
 
-def environment_table(env: dict, peak: dict | float | None) -> pd.DataFrame:
-    """What the runs run on: versions, device, threads, cores, memory source, measured matmul peak.
+def environment_table(env: dict, peak: dict | float | None, hardware: dict | None = None) -> pd.DataFrame:
+    """What the runs run on: versions, device, threads, cores, memory source, and both peaks MFU divides by.
 
-    peak: `env.peak_flops_info`'s dict (FLOP/s, when and at what load it was measured, cached or new) or FLOP/s."""
+    peak: `peaks.peak_flops_info`'s dict (the achievable matmul peak: FLOP/s, its shapes, when and at what load it
+    was measured, cached or new) or FLOP/s; hardware: `peaks.hardware_peak`'s dict (FLOP/s and its arithmetic)."""
     info = peak if isinstance(peak, dict) else {"flops": peak}
+    hw = hardware or {}
     rows = [("python", env.get("python")), *[(name, ver) for name, ver in env.get("packages", {}).items()],
             ("platform", env.get("platform")), ("cpu", env.get("cpu_model")), ("cores", env.get("cpu_count")),
             ("memory (GiB)", _num(env.get("memory_total_bytes"), 1 / 2 ** 30, 1)),
             ("device", env.get("device_target")), ("op threads", env.get("threads")),
             ("memory source", env.get("memory_source")), ("git commit", env.get("git_commit")),
-            ("peak matmul (GFLOP/s, measured)", _num(info.get("flops"), 1e-9, 1)),
-            *[(what, info[key]) for what, key in (("peak measured at", "measured_at"),
+            ("hardware peak (GFLOP/s)", _num(hw.get("flops"), 1e-9, 1)), ("hardware peak: how", hw.get("arithmetic")),
+            ("achievable matmul peak (GFLOP/s, measured)", _num(info.get("flops"), 1e-9, 1)),
+            *[(what, info[key]) for what, key in (("achievable peak: what", "name"),
+                                                  ("achievable peak measured at", "measured_at"),
                                                   ("1-min load average while measured", "load_avg_1m"),
-                                                  ("peak source", "source")) if key in info]]
+                                                  ("achievable peak source", "source")) if key in info]]
     return pd.DataFrame(rows, columns=["what", "value"]).set_index("what")
 
 

@@ -36,7 +36,7 @@ def test_runs_table_has_units_and_a_median_row():
     assert table.loc["median", "tokens/s"] == 2000.0
     assert table.loc["a", "peak RSS (MiB)"] == 500
     assert table.loc["a", "comm (% of step)"] == "n/a (single process)"
-    assert table.loc["a", "MFU (%)"] == 5.0
+    assert table.loc["a", "MFU (% of matmul peak)"] == 5.0
 
 
 def test_groups_table_one_median_row_per_group():
