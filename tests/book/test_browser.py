@@ -111,7 +111,7 @@ def _run_all(page) -> None:
             page.wait_for_selector(".jp-InputArea-prompt:has-text('[1]'), .jp-InputArea-prompt:has-text('[*]')",
                                    timeout=5_000)
             return
-        except Exception:  # the race in shared/jupyter-facts.md: Run All clicked too early does nothing
+        except Exception:  # a race seen here: Run All clicked while the status bar still initialises does nothing
             page.keyboard.press("Escape")
     pytest.fail("Run All did not start the first cell")
 
