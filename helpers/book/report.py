@@ -257,21 +257,64 @@ def before_after_table(rows: list[dict]) -> pd.DataFrame:
     return frame.set_index("metric") if not frame.empty else frame
 
 
-def comparison_html(workbook_dir: str | os.PathLike, failed_notebooks: dict[str, str] | None = None) -> str:
-    """HTML of the before/after table and the rounds table (for index.html); a note when there is none."""
+def relative_text(text: str, base: Path) -> str:
+    """`text` with the absolute folder `base` written relative to it (a report folder shared elsewhere still reads)."""
+    return text.replace(f"{base}{os.sep}", "").replace(str(base), ".")
+
+
+def decision_figures(verdict) -> str:
+    """The figures a decision rests on, short: the interval (or seed band), then the loss drift and memory ratio the
+    gates judged (a gate can turn a faster candidate into a reject)."""
+    gates = [f"loss drift {verdict.loss_drift:+.2%}" if verdict.loss_drift is not None else "",
+             f"memory ×{verdict.memory_ratio:.2f}" if verdict.memory_ratio is not None else ""]
+    return "; ".join(x for x in [interval_text(verdict), *gates] if x)
+
+
+def rounds_html(rounds: list, failed_notebooks: dict[str, str] | None, base: Path) -> str:
+    """index.html's rounds table, narrow enough for one screen: per round its number, name, change, one decision line
+    (the decision and the figure that decided it: the interval, or the seed band), the full reason one click away
+    (<details>), and its rollback point as a link relative to `base` (the report folder); then notebooks that
+    failed before their round was recorded."""
+    rows = []
+    for r in rounds:
+        v, override = r.verdict, getattr(r, "override", None)
+        why = v.reason + (f" Overridden by a person: {override}." if override else "")
+        rollback = os.path.relpath(r.rollback, base) if getattr(r, "rollback", None) else ""
+        link = f'<a href="{html.escape(rollback)}/">{html.escape(rollback)}</a>' if rollback else ""
+        rows.append(f'<tr class="{html.escape(r.decision.replace(" ", "-"))}"><td>{r.index}</td>'
+                    f"<td>{html.escape(r.name)}</td><td>{html.escape(changes_text(r.changes))}</td>"
+                    f"<td><b>{html.escape(r.decision.upper())}</b>{' (overridden)' if override else ''} "
+                    f"{html.escape(decision_figures(v))}<details><summary>why</summary>"
+                    f"{html.escape(relative_text(why, base))}</details></td><td>{link}</td></tr>")
+    names = {r.name for r in rounds}
+    for nb, error in (failed_notebooks or {}).items():
+        if nb not in names:
+            rows.append(f'<tr class="failed"><td></td><td>{html.escape(nb)}</td><td></td><td><b>FAILED</b> notebook '
+                        f"failed before its round was recorded<details><summary>why</summary>"
+                        f"notebook failed: {html.escape(relative_text(error, base))}</details></td><td></td></tr>")
+    if not rows:
+        return "<p>No rounds ran.</p>"
+    return ('<table class="rounds"><colgroup><col style="width:4.5em"><col style="width:12em"><col style="width:13em">'
+            '<col><col style="width:19em"></colgroup><tr><th>round</th><th>name</th><th>change</th><th>decision</th>'
+            "<th>rollback point</th></tr>" + "".join(rows) + "</table>")
+
+
+def comparison_html(workbook_dir: str | os.PathLike, failed_notebooks: dict[str, str] | None = None,
+                    base: str | os.PathLike | None = None) -> str:
+    """HTML of the before/after table and the rounds table (`rounds_html`) for index.html, paths relative to `base`
+    (default: the workbook folder's parent, the report folder); a note when there is no workbook."""
     path = Path(workbook_dir)
+    base = Path(base) if base is not None else path.parent
     try:
         from helpers.tune.rounds import Workbook
         wb = Workbook.open(path)
         before_after = before_after_table(wb.before_after())
-        rounds = rounds_table(wb.rounds(), failed_notebooks)
+        rounds = wb.rounds()
     except Exception as exc:  # no workbook (baseline failed) or an unreadable one: say so, keep the index
-        failed = rounds_table([], failed_notebooks)
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        note = f"<p>No before/after table: {html.escape(why)}</p>"
-        return note + (failed.to_html(index=False, na_rep="") if not failed.empty else "")
-    return (before_after.to_html(na_rep="n/a") + "<h2>Rounds</h2>"
-            + (rounds.to_html(index=False, na_rep="") if not rounds.empty else "<p>No rounds ran.</p>"))
+        failed = rounds_html([], failed_notebooks, base) if failed_notebooks else ""
+        return f"<p>No before/after table: {html.escape(relative_text(why, base))}</p>" + failed
+    return before_after.to_html(na_rep="n/a") + "<h2>Rounds</h2>" + rounds_html(rounds, failed_notebooks, base)
 
 
 # ------------------------------------------------------------------------------------- environment
