@@ -10,8 +10,10 @@ import shutil
 import socket
 import subprocess
 import time
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+from typing import Iterator
 
 from helpers.config import Config, micro_batch_per_device
 from helpers.run.env import cpu_model
@@ -209,6 +211,22 @@ def peak_flops_info(device_target: str = "CPU", dtype: str = "fp32", threads: in
     """
     shapes = [tuple(s) for s in (shapes or default_shapes())]
     path, key = _cache_file(), _machine_key(device_target, dtype, threads, shapes)
+    with _one_measurement_at_a_time(path):
+        return _peak_flops_info(path, key, device_target, dtype, shapes, refresh)
+
+
+@contextmanager
+def _one_measurement_at_a_time(cache: Path) -> Iterator[None]:
+    """Hold a lock beside the cache: processes that measure together (the ranks of a data-parallel run, starting at
+    once) would each time a share of the cores; the second finds the first's peak cached instead."""
+    import fcntl
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _peak_flops_info(path: Path, key: str, device_target: str, dtype: str, shapes: list, refresh: bool) -> dict:
     cores = os.cpu_count() or 1
     cache = {}
     if path.is_file():
@@ -238,7 +256,6 @@ def peak_flops_info(device_target: str = "CPU", dtype: str = "fp32", threads: in
         new = {**old, "cores": cores, "loaded": True}
     else:
         cache[key] = new
-        path.parent.mkdir(parents=True, exist_ok=True)
         from helpers.record import atomic_write_json
         atomic_write_json(path, cache)
     return {**new, "name": name, "source": note}
