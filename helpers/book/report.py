@@ -172,6 +172,15 @@ def speed_reading(result, others: dict[str, list[RunRecord]] | None = None) -> s
     return "\n".join(lines)
 
 
+ROLLBACK = "rollback point (in the workbook folder)"
+
+
+def in_workbook(rollback: Path) -> str:
+    """A round's rollback point relative to its workbook folder (<workbook>/rounds/NN_name/rollback), so a table
+    in a shared report names no machine path."""
+    return Path(rollback).relative_to(Path(rollback).parents[2]).as_posix()
+
+
 def rounds_table(rounds: list, failed_notebooks: dict[str, str] | None = None) -> pd.DataFrame:
     """Every round: change, objective, decision, speed-up, its interval (speed: the tokens/s ratio's interval, pairs
     and measurement path; convergence: the seed band), loss drift, memory ratio, reason; plus rows for notebooks
@@ -184,7 +193,7 @@ def rounds_table(rounds: list, failed_notebooks: dict[str, str] | None = None) -
                      "speed-up": _num(v.speedup, digits=3),
                      "interval": interval_text(v), "loss drift": _num(v.loss_drift, digits=4),
                      "memory ratio": _num(v.memory_ratio, digits=3), "reason": v.reason,
-                     "rollback point": str(r.rollback) if getattr(r, "rollback", None) else ""})
+                     ROLLBACK: in_workbook(r.rollback) if getattr(r, "rollback", None) else ""})
     names = {r.name for r in rounds}
     for nb, error in (failed_notebooks or {}).items():
         if nb not in names:
@@ -223,8 +232,8 @@ def round_points(result, key: str) -> list[tuple[Any, RunRecord]]:
 def rollback_table(rounds: list) -> pd.DataFrame:
     """Each round's rollback point (its config, summary and last checkpoint) and decision."""
     return pd.DataFrame([{"round": r.index, "name": r.name, "decision": r.decision,
-                          "rollback point": str(r.rollback)} for r in rounds],
-                        columns=["round", "name", "decision", "rollback point"])
+                          ROLLBACK: in_workbook(r.rollback)} for r in rounds],
+                        columns=["round", "name", "decision", ROLLBACK])
 
 
 def ledger_table(entries: list[dict]) -> pd.DataFrame:
