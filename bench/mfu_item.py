@@ -19,7 +19,7 @@ KEYS = ("n_params", "flops_per_token", "tokens_per_s", "step_time_ms", "mfu", "m
 
 
 def item_mfu(presets: list[str], steps: int) -> dict:
-    """One graph-mode run per preset; each run's MFU against both of its peaks, and what they were."""
+    """One graph-mode run per preset: its MFU against both of its peaks, what they were, and every step's ms."""
     out = {"presets": {}, "steps": steps}
     with tempfile.TemporaryDirectory() as tmp:
         for preset in presets:
@@ -28,8 +28,10 @@ def item_mfu(presets: list[str], steps: int) -> dict:
                    "--set", f"batch_size={PRESETS[preset]}", "--set", f"steps={steps}", "--set", "eval_every=0",
                    "--set", "eval_batches=1", "--set", "steady_after=5", "--set", "mode=graph",
                    "--out", str(run), "--progress", "none")
-            s = load_run(run).summary
-            out["presets"][preset] = {"batch_size": PRESETS[preset], **{k: s.get(k) for k in KEYS}}
+            record = load_run(run)
+            s = record.summary
+            out["presets"][preset] = {"batch_size": PRESETS[preset], **{k: s.get(k) for k in KEYS},
+                                      "step_times_ms": [r["step_time_ms"] for r in record.metrics]}
             print(f"  MFU {preset}: {100 * s['mfu']:.1f}% of the matmul peak, {100 * s['mfu_hardware']:.1f}% of the "
                   f"hardware peak, at {s['tokens_per_s']:,.0f} tokens/s", flush=True)
     return out
