@@ -1,20 +1,20 @@
-"""`make bench` items for noise honesty (imported by bench.py).
+"""`make bench` items for noise honesty (declared in ITEMS, run by bench.py).
 
-aa:    the workbook's own A/A check (`Workbook.aa_check`: the baseline as candidate and reference, ABBA
-       interleaved, judged by the same rule as a round) repeated `trials` times; goal: "no change" in
-       ≥ 19 of 20, and every decision is the one the printed noise band implies.
+aa:    the workbook's own A/A check (`Workbook.aa_check`: the best as candidate and reference, measured and judged
+       like a round) repeated `trials` times. Goal: "no change" in ≥ 19 of 20. Must: every decision is what today's
+       rule (helpers/paired.py `conclude`: keep / reject / no change against its floor, over the looks) gives
+       on that trial's own pairs and plan (speed.json).
 clock: the per-step times a run records (step_time_ms) against an outside wall clock: the parent stamps
        time.perf_counter() as each step's progress line arrives; over the steady steps, the sum of recorded
-       step times ÷ the sum of the gaps between consecutive lines; goal within 5% of 1.
+       step times ÷ the sum of the gaps between consecutive lines. Goal: within 5% of 1.
 
 Both use the config `make workbook` trains (helpers.study.base_config: notebook 01's 50 steps, warm-up and
 eval every 10 steps, first 5 steps outside the steady window, repeats 2) on tiny shakespeare, with the tiny
-preset by default so 20 A/A trials (82 runs) fit in about 10 minutes on a quiet 2-core machine (nano: --preset).
+preset by default (nano: --preset).
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -25,9 +25,11 @@ from pathlib import Path
 
 from helpers.config import dump
 from helpers.record import load_run
+from helpers.paired import Measurement, SpeedPlan, conclude
 from helpers.tune.rounds import Workbook
 from helpers.spawn.runner import child_env
 from helpers.tune.study import base_config
+from registry import GOAL, MET, MISSED, MUST, NOT_MEASURED, Check, Item, Judgement, at_least, positive
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,11 +39,20 @@ def _load() -> float:
     return os.getloadavg()[0]
 
 
+def _rule_decision(speed_file: Path) -> str | None:
+    """What today's rule concludes from the trial's own pairs and plan (None when it measured no look)."""
+    speed = json.loads(speed_file.read_text(encoding="utf-8"))
+    try:
+        return conclude(Measurement.from_raw({"pairs": [], **speed}), SpeedPlan.from_dict(speed["plan"])).decision
+    except ValueError:  # fewer pairs than the first look: the round failed before any look
+        return None
+
+
 def item_aa(trials: int = 20, preset: str = "tiny", steps: int = 50, budget_s: float = 600.0) -> dict:
     """`trials` A/A checks on one pinned baseline; stops starting new trials after `budget_s` seconds.
 
-    Per trial: decision, speedup (candidate ÷ reference median tokens/s), noise_band (relative half-width),
-    whether the band alone explains the decision, the 1-minute load average when it ended.
+    Per trial: decision, speedup (candidate ÷ reference tokens/s), its interval and relative half-width, pairs,
+    the rule's own decision on its pairs, the 1-minute load average when it ended.
     """
     cfg = base_config(preset, steps)
     t0 = time.perf_counter()
@@ -54,24 +65,39 @@ def item_aa(trials: int = 20, preset: str = "tiny", steps: int = 50, budget_s: f
                 print(f"  A/A: time budget {budget_s:.0f} s spent after {i} trials", flush=True)
                 break
             v = wb.aa_check(progress=False)
-            within = v.speedup is not None and abs(math.log(v.speedup)) <= math.log1p(v.noise_band)
-            done.append({"decision": v.decision, "speedup": v.speedup, "noise_band": v.noise_band,
-                         "band_decides": v.decision == ("no change" if within else
-                                                        "keep" if v.speedup and v.speedup > 1 else "reject"),
-                         "reason": v.reason, "load_1min": _load()})
+            rule = _rule_decision(wb.path / "aa" / f"{i + 1:02d}" / "speed.json")
+            done.append({"decision": v.decision, "rule_decision": rule, "speedup": v.speedup, "interval": v.interval,
+                         "half_width": v.noise_band, "pairs": v.pairs, "path": v.path, "reason": v.reason,
+                         "load_1min": _load()})
             print(f"  A/A {i + 1}/{trials}: {v.reason}", flush=True)
-    bands = [t["noise_band"] for t in done]
+    widths = [t["half_width"] for t in done if t["half_width"] is not None]
     speedups = [t["speedup"] for t in done if t["speedup"]]
     return {"config": {"preset": preset, "steps": steps, "steady_after": cfg.steady_after,
                        "eval_every": cfg.eval_every, "repeats": 2},
             "trials": len(done), "trials_asked": trials, "no_change": sum(t["decision"] == "no change" for t in done),
-            "band_decides_all": all(t["band_decides"] for t in done),
-            "noise_band": {"median": statistics.median(bands), "min": min(bands), "max": max(bands)} if bands else None,
+            "half_width": {"median": statistics.median(widths), "min": min(widths), "max": max(widths)}
+            if widths else None,
             "speedup": {"min": min(speedups), "max": max(speedups)} if speedups else None,
             "load_1min": {"min": min(t["load_1min"] for t in done), "max": max(t["load_1min"] for t in done)}
             if done else None,
-            "cores": os.cpu_count(), "wall_s": time.perf_counter() - t0, "goal": "no change in >= 19 of 20",
-            "detail": done}
+            "cores": os.cpu_count(), "wall_s": time.perf_counter() - t0, "detail": done}
+
+
+def _follows_rule(r: dict) -> Judgement:
+    trials = r.get("detail") or []
+    if not trials:
+        return Judgement(NOT_MEASURED, "no A/A trial ran")
+    off = [f"trial {i + 1}: {t['decision']} (the rule on its pairs: {t['rule_decision']})"
+           for i, t in enumerate(trials) if t["decision"] != t["rule_decision"]]
+    return Judgement(MISSED if off else MET, "; ".join(off) if off else
+                     f"all {len(trials)} decisions are the rule's own on their pairs")
+
+
+def _no_change_share(r: dict) -> Judgement:
+    if not r.get("trials"):
+        return Judgement(NOT_MEASURED, "no A/A trial ran")
+    return at_least(r["no_change"] / r["trials"], 0.95, f"\"no change\" in {r['no_change']} of {r['trials']} "
+                                                        f"({{sign}} 95%)")
 
 
 def _clock_run(cfg, run_dir: Path) -> dict:
@@ -114,22 +140,43 @@ def item_clock(runs: int = 3, preset: str = "tiny", steps: int = 50) -> dict:
                   f"{r['steps']} steps → ×{r['ratio']:.3f}", flush=True)
     ratios = [r["ratio"] for r in out]
     return {"config": {"preset": preset, "steps": steps}, "runs": out, "ratio_min": min(ratios),
-            "ratio_max": max(ratios), "within_5pct": all(abs(1 - x) <= 0.05 for x in ratios), "goal": "0.95-1.05"}
+            "ratio_max": max(ratios)}
 
 
-def noise_rows(results: dict) -> list[str]:
-    """Rows of bench.py's markdown table for these items."""
-    lines = []
-    if "aa" in results and results["aa"]["trials"]:
-        r = results["aa"]
-        c = r["config"]
-        lines.append(f"| A/A check ({c['preset']}, {c['steps']} steps, repeats {c['repeats']}) | \"no change\" in "
-                     f"{r['no_change']} of {r['trials']} (band median ±{100 * r['noise_band']['median']:.1f}%, "
-                     f"speedups {r['speedup']['min']:.3f}–{r['speedup']['max']:.3f}; decisions follow the printed "
-                     f"band: {'yes' if r['band_decides_all'] else 'NO'}; load {r['load_1min']['min']:.1f}–"
-                     f"{r['load_1min']['max']:.1f} on {r['cores']} cores, {r['wall_s'] / 60:.0f} min) | ≥ 19 of 20 |")
-    if "clock" in results:
-        r = results["clock"]
-        lines.append(f"| recorded step time ÷ outside wall clock ({r['config']['preset']}, {len(r['runs'])} runs) | "
-                     f"×{r['ratio_min']:.3f}–×{r['ratio_max']:.3f} | within 5% |")
-    return lines
+def aa_rows(r: dict) -> list[tuple[str, str]]:
+    c = r["config"]
+    if not r["trials"]:
+        return [(f"A/A check ({c['preset']})", "no trial ran")]
+    return [(f"A/A check ({c['preset']}, {c['steps']} steps, repeats {c['repeats']})",
+             f"\"no change\" in {r['no_change']} of {r['trials']} (median half-width ±{100 * r['half_width']['median']:.1f}%,"
+             f" speed-ups ×{r['speedup']['min']:.3f}–×{r['speedup']['max']:.3f}; {r['wall_s'] / 60:.0f} min)")]
+
+
+def clock_rows(r: dict) -> list[tuple[str, str]]:
+    return [(f"recorded step time ÷ outside wall clock ({r['config']['preset']}, {len(r['runs'])} runs)",
+             f"×{r['ratio_min']:.3f}–×{r['ratio_max']:.3f}")]
+
+
+def _within_5pct(r: dict) -> Judgement:
+    if not r.get("runs"):
+        return Judgement(NOT_MEASURED, "no run")
+    worst = max(abs(1 - x["ratio"]) for x in r["runs"])
+    return Judgement(MET if worst <= 0.05 else MISSED, f"×{r['ratio_min']:.3f}–×{r['ratio_max']:.3f} "
+                                                       f"({'within' if worst <= 0.05 else 'beyond'} 5% of 1)")
+
+
+PRESET_OPTION = (("--preset",), {"default": "tiny", "help": "model preset of the aa and clock items"})
+ITEMS = [
+    Item("aa", "the workbook's A/A check repeated: how often it says no change, and whether it follows its rule",
+         lambda a: item_aa(a.trials, a.preset), aa_rows,
+         (Check(MUST, "every A/A decision is today's rule (paired.conclude) on that trial's own pairs", _follows_rule,
+                miss={"detail": [{"decision": "no change", "rule_decision": "keep"}]}),
+          Check(GOAL, "\"no change\" in ≥ 19 of 20 A/A checks", _no_change_share)),
+         options=(PRESET_OPTION, (("--trials",), {"type": int, "default": 20,
+                                                  "help": "trials (aa: A/A checks; power: per kind and condition)"})),
+         check_args=lambda a: positive(a, "trials")),
+    Item("clock", "recorded step time against an outside wall clock", lambda a: item_clock(a.clock_runs, a.preset),
+         clock_rows, (Check(GOAL, "recorded ÷ outside seconds within 5% of 1 in every run", _within_5pct),),
+         options=(PRESET_OPTION, (("--clock-runs",), {"type": int, "default": 3, "help": "clock: runs"})),
+         check_args=lambda a: positive(a, "clock_runs")),
+]

@@ -1,4 +1,4 @@
-"""`make bench` item `speed` (imported by bench.py): the nano config's step time per formulation.
+"""`make bench` item `speed`: the nano config's step time per formulation (run as a script: one arm's turn).
 
 Arms: `plain` (the formulation of commit 7c15080: MindSpore's LayerNorm/GELU/softmax kernels, per-tensor
 gradient norm), each knob alone on top of plain, and the new default (the config's defaults). Each turn of an arm
@@ -13,7 +13,6 @@ same round).
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from helpers.config import dump, load_config, with_changes
 from helpers.run.kernels import resolve_kernels
 from helpers.spawn.runner import child_env
 from helpers.tune.fusion import PLAIN_FORMULATION
+from registry import GOAL, MUST, Check, Item, at_least, positive
 
 REPO = Path(__file__).resolve().parent.parent
 NANO = REPO / "configs" / "nano.yaml"
@@ -78,13 +78,11 @@ def item_speed(rounds: int = 5, steps: int = 40, warmup: int = 5, batch_size: in
             path = Path(tmp) / f"{name.replace('=', '_')}.yaml"
             path.write_text(dump(with_changes(base, changes)))
             arms[name] = str(path)
-        load_before = os.getloadavg()
         names, times = list(arms), {name: [] for name in arms}
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:  # rotate: no arm always first or last
-                proc = subprocess.run([sys.executable, str(Path(__file__).with_name("bench.py")), "speedarm",
-                                       arms[name], str(steps), str(warmup)], capture_output=True, text=True,
-                                      cwd=REPO, env=child_env())
+                proc = subprocess.run([sys.executable, __file__, "arm", arms[name], str(steps), str(warmup)],
+                                      capture_output=True, text=True, cwd=REPO, env=child_env())
                 if proc.returncode != 0:
                     raise RuntimeError(f"speed arm {name} failed: {proc.stderr[-1500:]}")
                 times[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -93,8 +91,7 @@ def item_speed(rounds: int = 5, steps: int = 40, warmup: int = 5, batch_size: in
         child = {"times": times, "kernels": {n: resolve_kernels(load_config(arms[n])) for n in names}}
     out = {"config": "configs/nano.yaml", "batch_size": base.batch_size, "tokens_per_step": tokens,
            "rounds": rounds, "steps_per_turn": steps, "warmup_steps": warmup, "arm_changes": arm_configs(),
-           "kernels": child["kernels"], "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
-           "arms": {}}
+           "kernels": child["kernels"], "times_ms": child["times"], "arms": {}}
     for name, per_round in child["times"].items():
         flat = [t for row in per_round for t in row]
         p10, med = _quantile(flat, 0.10), statistics.median(flat)
@@ -104,25 +101,38 @@ def item_speed(rounds: int = 5, steps: int = 40, warmup: int = 5, batch_size: in
     plain, new = out["arms"]["plain"], out["arms"]["default"]
     pairs = [p / d for p, d in zip(plain["round_medians_ms"], new["round_medians_ms"])]
     out["speedup"] = {"p10": plain["p10_ms"] / new["p10_ms"], "median": plain["median_ms"] / new["median_ms"],
-                      "per_pair": pairs, "pairs": len(pairs), "goal": SPEEDUP_GOAL, "limit": SPEEDUP_LIMIT}
-    ok = out["speedup"]["median"] >= SPEEDUP_LIMIT
-    # the same shape as bench.py's _must entries: `make bench` exits 1 when it is not ok
-    out["must"] = {"ok": ok, "text": f"new default ×{out['speedup']['median']:.2f} faster per step than today's "
-                                     f"formulation (median) {'≥' if ok else '<'} limit ×{SPEEDUP_LIMIT}"}
+                      "per_pair": pairs, "pairs": len(pairs)}
     for name, arm in out["arms"].items():
         print(f"  {name:22s} p10 {arm['p10_ms']:6.1f} ms  median {arm['median_ms']:6.1f} ms  "
               f"(×{plain['median_ms'] / arm['median_ms']:.2f} vs plain)", flush=True)
     return out
 
 
-def speed_rows(results: dict) -> list[str]:
-    """Rows of bench/results/README.md for the speed item."""
-    if "speed" not in results:
-        return []
-    r = results["speed"]
+def rows(r: dict) -> list[tuple[str, str]]:
     s, plain, new = r["speedup"], r["arms"]["plain"], r["arms"]["default"]
     knobs = ", ".join(f"{k} ×{plain['median_ms'] / r['arms'][k]['median_ms']:.2f}" for k in KNOBS if k in r["arms"])
-    return [f"| speed, nano config (new default ÷ today's formulation) | ×{s['median']:.2f} median, ×{s['p10']:.2f} "
-            f"p10 ({new['median_ms']:.1f} vs {plain['median_ms']:.1f} ms/step, {new['tokens_per_s_median']:,.0f} "
-            f"tokens/s; {s['pairs']} interleaved rounds; each knob alone: {knobs}; load "
-            f"{r['load_avg_before'][0]:.1f}) | ≥ {SPEEDUP_LIMIT} (goal {SPEEDUP_GOAL}) |"]
+    return [("speed, nano config: plain (7c15080's formulation) ÷ new default ms/step",
+             f"×{s['median']:.2f} median, ×{s['p10']:.2f} p10 ({new['median_ms']:.1f} vs {plain['median_ms']:.1f} "
+             f"ms/step, {new['tokens_per_s_median']:,.0f} tokens/s; {s['pairs']} interleaved rounds; each knob alone: "
+             f"{knobs})")]
+
+
+def _speedup(kind: str, limit: float) -> Check:
+    def judge(r: dict):
+        median = (r.get("speedup") or {}).get("median")
+        return at_least(median, limit, f"new default ×{median or 0:.2f} per step of the plain formulation's (median) "
+                                       f"{{sign}} ×{limit}")
+    return Check(kind, f"plain ÷ new default ms/step (median) ≥ ×{limit}", judge,
+                 miss={"speedup": {"median": limit - 0.2}} if kind == MUST else None)
+
+
+ITEMS = [Item("speed", "the nano config's ms/step per formulation, arms in turns of their own processes",
+              lambda a: item_speed(max(a.rounds, 5), a.speed_steps), rows,
+              (_speedup(MUST, SPEEDUP_LIMIT), _speedup(GOAL, SPEEDUP_GOAL)),
+              options=((("--rounds",), {"type": int, "default": 5, "help": "pairs (overhead), rounds (speed)"}),
+                       (("--speed-steps",), {"type": int, "default": 40,
+                                             "help": "speed: timed steps per arm per round"})),
+              check_args=lambda a: positive(a, "rounds", "speed_steps"))]
+
+if __name__ == "__main__":  # one arm's turn: python bench/speed_item.py arm CONFIG STEPS WARMUP
+    print(json.dumps(arm_steps(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))

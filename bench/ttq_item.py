@@ -1,4 +1,4 @@
-"""`make bench` item `ttq` (imported by bench.py): wall time to a target validation loss, nanoGPT's recipe against
+"""`make bench` item `ttq`: wall time to a target validation loss, nanoGPT's recipe against
 the recipe the auto-tuner finds (issue 16).
 
 1. The target and the reference: nanoGPT's own recipe (configs/nano.yaml + NANOGPT_RECIPE, `iters` iterations)
@@ -10,7 +10,7 @@ the recipe the auto-tuner finds (issue 16).
    its own target.
 2. The tuner: `autotune_time_to_target` from nanoGPT's recipe with that target and `budget_min` minutes
    (helpers/tune/ttq_search.py), the runs of step 1 pinned as its baseline (not trained again out of its
-   budget); its ledger is copied to <results>/ttq_ledger.jsonl.
+   budget); its ledger's entries are kept in the result (`tuner.ledger`).
 3. The tuned recipe (the tuner's best config), once per seed, each ending at the target. When the tuner kept no
    change, the tuned recipe is nanoGPT's and its time is step 1's (ratio 1). Not interleaved with the
    reference: the target must exist before the tuner runs and the tuned recipe only after it; load averages of each
@@ -23,8 +23,8 @@ Must: ratio ≤ RATIO_LIMIT and target ≤ TARGET_LIMIT.
 """
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +35,7 @@ from helpers.spawn.runner import launch
 from helpers.tune.ttq_search import autotune_time_to_target
 from helpers.tune.convergence import eval_curve, seed_times_text, time_to_target
 from helpers.tune.rounds import Workbook
+from registry import MISSED, MUST, NOT_MEASURED, Check, Item, Judgement, at_most, positive
 
 REPO = Path(__file__).resolve().parent.parent
 NANO = REPO / "configs" / "nano.yaml"
@@ -64,8 +65,8 @@ def _recipe(cfg) -> dict:
                                                     "grad_accum_steps")}
 
 
-def item_ttq(iters: int, budget_min: float, seeds: int, results: Path) -> dict:
-    """Measure the three parts in the module docstring; returns the result dict with its `must`."""
+def item_ttq(iters: int, budget_min: float, seeds: int) -> dict:
+    """Measure the three parts in the module docstring; returns the result (every run's row, the tuner's ledger)."""
     load = {"start": os.getloadavg()}
     ref_cfg = nanogpt_config(iters)
     seed_list = [ref_cfg.seed + k for k in range(seeds)]
@@ -87,8 +88,7 @@ def item_ttq(iters: int, budget_min: float, seeds: int, results: Path) -> dict:
         tuner_s = time.perf_counter() - t1
         wb = Workbook.open(tmp / "tuner")
         best_cfg = wb.best_config()
-        results.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(wb.path / "ledger.jsonl", results / "ttq_ledger.jsonl")
+        ledger = [json.loads(line) for line in (wb.path / "ledger.jsonl").read_text(encoding="utf-8").splitlines()]
         load["tuned_start"] = os.getloadavg()
         tuned_cfg = with_changes(best_cfg, {"target_val_loss": target, "compile_cache": False})
         runs = {"nanogpt": first, "tuned": []}
@@ -108,32 +108,45 @@ def item_ttq(iters: int, budget_min: float, seeds: int, results: Path) -> dict:
     means = {arm: (sum(r["time_to_target_s"] for r in group) / len(group)
                    if all(r["reached"] for r in group) else None) for arm, group in rows.items()}
     ratio = means["tuned"] / means["nanogpt"] if None not in means.values() else None
-    ok = ratio is not None and ratio <= RATIO_LIMIT and target <= TARGET_LIMIT
-    ratio_text = "missing (an arm did not reach the target)" if ratio is None else f"×{ratio:.3f}"
     return {"iters": iters, "seeds": seed_list, "budget_min": budget_min, "target_val_loss": target,
             "order": "nanoGPT recipe per seed (sets the target, the reference time) → tuner → tuned recipe per seed",
             "tuner": {"elapsed_s": tuner_s, "stop_reason": tuned.stop_reason, "kept_a_change": kept,
-                                                  "rounds": tuned.rounds, "skipped": tuned.skipped,
-                                                  "ledger": "ttq_ledger.jsonl"},
+                      "rounds": tuned.rounds, "skipped": tuned.skipped, "ledger": ledger},
             "recipes": {"nanogpt": _recipe(ref_cfg), "tuned": _recipe(best_cfg)},
             "changes": {k: list(v) for k, v in config_mod.diff(ref_cfg, best_cfg).items()
                         if k not in ("target_val_loss",)},
-            "comparison": rows, "mean_time_to_target_s": means, "ratio": ratio, "ratio_limit": RATIO_LIMIT,
-            "target_limit": TARGET_LIMIT, "load_avg": load,
-            "must": {"ok": ok, "text": f"tuned ÷ nanoGPT recipe seconds to val loss {target:.4f}: {ratio_text} "
-                                       f"({'≤' if ratio is not None and ratio <= RATIO_LIMIT else 'not ≤'} "
-                                       f"{RATIO_LIMIT}); target {target:.4f} "
-                                       f"{'≤' if target <= TARGET_LIMIT else '>'} {TARGET_LIMIT}"}}
+            "comparison": rows, "mean_time_to_target_s": means, "ratio": ratio, "load_avg": load}
 
 
-def ttq_rows(results: dict) -> list[str]:
-    """The README table's row for the ttq item (none when it was not measured)."""
-    if "ttq" not in results:
-        return []
-    r = results["ttq"]
+def ttq_rows(r: dict) -> list[tuple[str, str]]:
     means = r["mean_time_to_target_s"]
     times = " → ".join("did not reach" if means[a] is None else f"{means[a]:.0f} s" for a in ("nanogpt", "tuned"))
     ratio = "missing" if r["ratio"] is None else f"×{r['ratio']:.3f}"
-    return [f"| time to val loss {r['target_val_loss']:.4f} (nanoGPT recipe, {r['iters']} iters → tuned, "
-            f"{r['budget_min']:g} min tuner, {len(r['seeds'])} seeds) | {times} ({ratio}) | ratio ≤ "
-            f"{r['ratio_limit']}, target ≤ {r['target_limit']} |"]
+    return [(f"seconds to val loss {r['target_val_loss']:.4f}: nanoGPT recipe → tuned ({r['iters']} iterations, "
+             f"{r['budget_min']:g} min tuner, {len(r['seeds'])} seeds)", f"{times} ({ratio})")]
+
+
+def _ratio(r: dict) -> Judgement:
+    if "mean_time_to_target_s" not in r:
+        return Judgement(NOT_MEASURED, "not run")
+    if r["ratio"] is None:  # an arm that did not reach the target has no seconds to compare
+        return Judgement(MISSED, f"tuned ÷ nanoGPT recipe seconds to val loss {r['target_val_loss']:.4f}: missing "
+                                   f"(an arm did not reach the target)")
+    return at_most(r["ratio"], RATIO_LIMIT, f"tuned ÷ nanoGPT recipe seconds to val loss {r['target_val_loss']:.4f}: "
+                                            f"×{r['ratio']:.3f} {{sign}} ×{RATIO_LIMIT}")
+
+
+ITEMS = [Item("ttq", "seconds to nanoGPT's validation loss: its recipe against the time-to-target tuner's",
+              lambda a: item_ttq(a.iters, a.budget_min, a.seeds), ttq_rows,
+              (Check(MUST, f"tuned ÷ nanoGPT recipe mean seconds to the target ≤ ×{RATIO_LIMIT}", _ratio,
+                     miss={"mean_time_to_target_s": {}, "ratio": 0.9, "target_val_loss": 1.9}),
+               Check(MUST, f"the target (the worse nanoGPT-recipe seed's final val loss) ≤ {TARGET_LIMIT}",
+                     lambda r: at_most(r.get("target_val_loss"), TARGET_LIMIT,
+                                       f"target {r.get('target_val_loss') or 0:.4f} {{sign}} {TARGET_LIMIT}"),
+                     miss={"target_val_loss": 2.1})),
+              options=((("--iters",), {"type": int, "default": 2000, "help": "iterations (parity, ttq)"}),
+                       (("--budget-min",), {"type": float, "default": 20.0, "help": "ttq: the tuner's budget, minutes"}),
+                       (("--seeds",), {"type": int, "default": 2, "help": "ttq: seeds per arm"})),
+              check_args=lambda a: positive(a, "iters", "seeds") or ("" if a.budget_min > 0 else
+                                                                     f"--budget-min {a.budget_min} measures nothing; "
+                                                                     f"give a positive number of minutes"))]

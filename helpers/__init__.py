@@ -18,7 +18,8 @@ import importlib
 _HOMES = {
     "helpers.config": ("Config", "ConfigError", "load_config", "from_dict", "with_changes"),
     "helpers.record": ("RunRecord", "RecordError", "load_run", "median_summary"),
-    "helpers.run.env": ("environment", "peak_flops", "peak_flops_info"),
+    "helpers.run.env": ("environment",),
+    "helpers.run.peaks": ("hardware_peak", "matmul_shapes", "peak_flops", "peak_flops_info"),
     "helpers.run.profile": ("load_profile", "with_profiler"),
     "helpers.run.memory": ("memory_label", "memory_source"),
     "helpers.run.device_profile": ("read_op_table",),

@@ -20,11 +20,13 @@ def one_line(summary: dict, out: str) -> str:
     def num(key, f):
         value = summary.get(key)
         return "n/a" if value is None else format(value, f)
-    mfu = summary.get("mfu")
+    mfu = " · ".join(f"{100 * summary[k]:.2f}% of {name} peak" for k, name in (("mfu", "matmul"),
+                                                                               ("mfu_hardware", "hardware"))
+                     if summary.get(k) is not None) or "n/a"
     return (f"{summary.get('status')} · {summary.get('steps')} steps · loss {num('loss_first', '.3f')}→"
             f"{num('loss_last', '.3f')} · val {num('val_loss', '.3f')} (ppl {num('val_ppl', '.1f')}) · "
             f"{num('tokens_per_s', ',.0f')} tokens/s · {num('step_time_ms', '.1f')} ms/step · "
-            f"MFU {'n/a' if mfu is None else f'{100 * mfu:.2f}%'} · {memory_label(summary)} "
+            f"MFU {mfu} · {memory_label(summary)} "
             f"{mib_text(summary.get('peak_memory_bytes'))} → {out}")
 
 
@@ -35,8 +37,10 @@ def show_table(record) -> str:
     rows += [(k, s.get(k)) for k in ("steps", "tokens_per_s", "step_time_ms", "step_time_ms_p10",
                                      "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share",
                                      "peak_memory_bytes", "memory_source", "peak_rss_bytes",
-                                     "peak_device_memory_bytes", "mfu", "peak_flops", "peak_flops_measured_at",
-                                     "peak_flops_load_avg", "peak_flops_source", "loss_first", "loss_last",
+                                     "peak_device_memory_bytes", "mfu", "peak_flops", "peak_flops_name",
+                                     "peak_flops_measured_at", "peak_flops_load_avg", "peak_flops_source",
+                                     "mfu_hardware", "peak_flops_hardware", "peak_flops_hardware_arithmetic",
+                                     "mfu_error", "loss_first", "loss_last",
                                      "val_loss", "val_ppl", "grad_norm_max", "comm_step_share", "n_params")]
     width = max(len(k) for k, _ in rows)
     lines = []

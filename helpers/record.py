@@ -34,7 +34,7 @@ TEXT_COLUMNS = {"alarms"}  # read back as text, not numbers
 RECORD_VERSION = 2
 SUMMARY_KEYS = ["record_version", "status", "status_reason", "steps", "tokens_per_s", "step_time_ms", "step_time_ms_p10",
                 "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share", "peak_memory_bytes",
-                "mfu", "peak_flops", "loss_first", "loss_last", "val_loss", "val_ppl", "grad_norm_max",
+                "mfu", "peak_flops", "mfu_hardware", "peak_flops_hardware", "loss_first", "loss_last", "val_loss", "val_ppl", "grad_norm_max",
                 "comm_step_share"]
 # Keys renamed since version 1 (old → new): one name per quantity.
 RENAMED_KEYS = (("verdict", "bottleneck"), ("verdict_evidence", "bottleneck_evidence"),

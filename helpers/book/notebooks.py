@@ -12,6 +12,7 @@ import html
 import os
 import shutil
 import sys
+import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -177,11 +178,16 @@ def start_kernel(kernel: str, cwd: Path):
     kernel while the current one runs: a kernel took ~1 s to start here, 14 times per workbook."""
     from jupyter_client.manager import AsyncKernelManager  # nbclient's own kind: it polls whether the kernel lives
     from jupyter_core.utils import run_sync
-    km = AsyncKernelManager(kernel_name=kernel)
+    # IPC: Unix sockets in a private folder instead of TCP ports on localhost (no port to find, nothing reachable
+    # from the network, and no "Kernel is running over TCP without encryption" warning from each kernel)
+    ipc_dir = tempfile.mkdtemp(prefix="wb-kernel-")
+    km = AsyncKernelManager(kernel_name=kernel, transport="ipc", ip=os.path.join(ipc_dir, "kernel"))
+    km.ipc_dir = ipc_dir
     try:
         with kernel_env():
             run_sync(km.start_kernel)(cwd=str(cwd))
     except Exception:  # noqa: BLE001  (no such kernel, no resources): papermill's own start says why
+        shutil.rmtree(ipc_dir, ignore_errors=True)
         return None
     try:
         km.warm_client = warm_imports(km)
@@ -222,6 +228,7 @@ def stop_kernel(km) -> None:
             run_sync(km.shutdown_kernel)(now=True)
         except Exception:  # noqa: BLE001  already dead or gone: nothing left to stop
             pass
+        shutil.rmtree(getattr(km, "ipc_dir", ""), ignore_errors=True)
 
 
 def execute(src: Path, dst: Path, params: dict[str, Any], kernel: str = "python3",
@@ -386,26 +393,30 @@ def run_workbook(params_file: str | os.PathLike | None = None, out: str | os.Pat
 # ---------------------------------------------------------------------------------------------- index
 
 def index_page(results: list[NotebookResult], workbook_dir: Path) -> str:
-    """index.html: one row per notebook (status, time, links) and the final before/after table."""
-    from helpers.book.report import comparison_html
+    """index.html: one row per notebook (status, time, links) and the final before/after and rounds tables; every
+    link and path relative to the report folder (workbook_dir's parent), so the folder can be zipped and shared."""
+    from helpers.book.report import comparison_html, relative_text
+    base = Path(workbook_dir).parent
     rows = []
     for r in results:
         links = " · ".join(f'<a href="{html.escape(p.name)}">{p.suffix[1:]}</a>' for p in (r.html, r.ipynb)
                            if p is not None and p.exists())
         rows.append(f'<tr class="{r.status}"><td>{html.escape(r.name)}</td><td>{r.status}</td>'
-                    f"<td>{r.seconds:.1f} s</td><td>{links}</td><td>{html.escape(r.error)}</td></tr>")
+                    f"<td>{r.seconds:.1f} s</td><td>{links}</td><td>{html.escape(relative_text(r.error, base))}</td></tr>")
     failed = {r.name: r.error for r in results if r.status == "failed"}
     total = sum(r.seconds for r in results)
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>Tuning workbook report</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:75em}} table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:.3em .6em;text-align:left}} tr.failed td{{background:#fde2e2}}
-tr.ok td:nth-child(2){{color:#17702d}}</style></head><body>
+td,th{{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}} tr.failed td{{background:#fde2e2}}
+tr.ok td:nth-child(2){{color:#17702d}} table.rounds{{table-layout:fixed;width:100%}}
+table.rounds td{{overflow-wrap:anywhere}} details summary{{cursor:pointer;color:#1f5fa8}}
+tr.keep td:nth-child(4) b{{color:#17702d}} tr.reject td:nth-child(4) b{{color:#a01818}}</style></head><body>
 <h1>Tuning workbook report</h1>
 <p>{len(results) - len(failed)} of {len(results)} notebooks ran; {len(failed)} failed; {total:.0f} s in all.</p>
 <table><tr><th>notebook</th><th>status</th><th>time</th><th>report</th><th>error</th></tr>
 {''.join(rows)}</table>
 <h2>Before / after</h2>
-{comparison_html(workbook_dir, failed)}
+{comparison_html(workbook_dir, failed, base)}
 </body></html>
 """

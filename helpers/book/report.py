@@ -26,6 +26,10 @@ def _num(value: Any, scale: float = 1.0, digits: int = 1):
     return round(value * scale, digits)
 
 
+# MFU against each peak (helpers/run/peaks.py), named in the column: the summary names how each was found.
+MFU_MATMUL, MFU_HARDWARE = "MFU (% of matmul peak)", "MFU (% of hardware peak)"
+
+
 def run_row(record: RunRecord) -> dict[str, Any]:
     """One run as a table row: model, parallelism, batch, speed, MFU, memory, loss."""
     s, cfg = record.summary, record.config
@@ -39,7 +43,8 @@ def run_row(record: RunRecord) -> dict[str, Any]:
         "micro-batch/device": cfg.micro_batch_per_device,
         "step (ms)": _num(s.get("step_time_ms")),
         "tokens/s": _num(s.get("tokens_per_s"), digits=0),
-        "MFU (%)": _num(s.get("mfu"), 100.0, 2),
+        MFU_MATMUL: _num(s.get("mfu"), 100.0, 2),
+        MFU_HARDWARE: _num(s.get("mfu_hardware"), 100.0, 2),
         f"{memory_label(s)} (MiB)": _num(s.get("peak_memory_bytes"), 1 / MIB, 0),  # RSS on CPU, device off it
         "data wait (%)": _num(s.get("data_wait_share"), 100.0, 2),
         "comm (% of step)": _num(s.get("comm_step_share"), 100.0, 2) if dp > 1 else "n/a (single process)",
@@ -165,6 +170,15 @@ def speed_reading(result, others: dict[str, list[RunRecord]] | None = None) -> s
     return "\n".join(lines)
 
 
+ROLLBACK = "rollback point (in the workbook folder)"
+
+
+def in_workbook(rollback: Path) -> str:
+    """A round's rollback point relative to its workbook folder (<workbook>/rounds/NN_name/rollback), so a table
+    in a shared report names no machine path."""
+    return Path(rollback).relative_to(Path(rollback).parents[2]).as_posix()
+
+
 def rounds_table(rounds: list, failed_notebooks: dict[str, str] | None = None) -> pd.DataFrame:
     """Every round: change, objective, decision, speed-up, its interval (speed: the tokens/s ratio's interval, pairs
     and measurement path; convergence: the seed band), loss drift, memory ratio, reason; plus rows for notebooks
@@ -177,7 +191,7 @@ def rounds_table(rounds: list, failed_notebooks: dict[str, str] | None = None) -
                      "speed-up": _num(v.speedup, digits=3),
                      "interval": interval_text(v), "loss drift": _num(v.loss_drift, digits=4),
                      "memory ratio": _num(v.memory_ratio, digits=3), "reason": v.reason,
-                     "rollback point": str(r.rollback) if getattr(r, "rollback", None) else ""})
+                     ROLLBACK: in_workbook(r.rollback) if getattr(r, "rollback", None) else ""})
     names = {r.name for r in rounds}
     for nb, error in (failed_notebooks or {}).items():
         if nb not in names:
@@ -216,8 +230,8 @@ def round_points(result, key: str) -> list[tuple[Any, RunRecord]]:
 def rollback_table(rounds: list) -> pd.DataFrame:
     """Each round's rollback point (its config, summary and last checkpoint) and decision."""
     return pd.DataFrame([{"round": r.index, "name": r.name, "decision": r.decision,
-                          "rollback point": str(r.rollback)} for r in rounds],
-                        columns=["round", "name", "decision", "rollback point"])
+                          ROLLBACK: in_workbook(r.rollback)} for r in rounds],
+                        columns=["round", "name", "decision", ROLLBACK])
 
 
 def ledger_table(entries: list[dict]) -> pd.DataFrame:
@@ -250,39 +264,86 @@ def before_after_table(rows: list[dict]) -> pd.DataFrame:
     return frame.set_index("metric") if not frame.empty else frame
 
 
-def comparison_html(workbook_dir: str | os.PathLike, failed_notebooks: dict[str, str] | None = None) -> str:
-    """HTML of the before/after table and the rounds table (for index.html); a note when there is none."""
+def relative_text(text: str, base: Path) -> str:
+    """`text` with the absolute folder `base` written relative to it (a report folder shared elsewhere still reads)."""
+    return text.replace(f"{base}{os.sep}", "").replace(str(base), ".")
+
+
+def decision_figures(verdict) -> str:
+    """The figures a decision rests on, short: the interval (or seed band), then the loss drift and memory ratio the
+    gates judged (a gate can turn a faster candidate into a reject)."""
+    gates = [f"loss drift {verdict.loss_drift:+.2%}" if verdict.loss_drift is not None else "",
+             f"memory ×{verdict.memory_ratio:.2f}" if verdict.memory_ratio is not None else ""]
+    return "; ".join(x for x in [interval_text(verdict), *gates] if x)
+
+
+def rounds_html(rounds: list, failed_notebooks: dict[str, str] | None, base: Path) -> str:
+    """index.html's rounds table, narrow enough for one screen: per round its number, name, change, one decision line
+    (the decision and the figure that decided it: the interval, or the seed band), the full reason one click away
+    (<details>), and its rollback point as a link relative to `base` (the report folder); then notebooks that
+    failed before their round was recorded."""
+    rows = []
+    for r in rounds:
+        v, override = r.verdict, getattr(r, "override", None)
+        why = v.reason + (f" Overridden by a person: {override}." if override else "")
+        rollback = os.path.relpath(r.rollback, base) if getattr(r, "rollback", None) else ""
+        link = f'<a href="{html.escape(rollback)}/">{html.escape(rollback)}</a>' if rollback else ""
+        rows.append(f'<tr class="{html.escape(r.decision.replace(" ", "-"))}"><td>{r.index}</td>'
+                    f"<td>{html.escape(r.name)}</td><td>{html.escape(changes_text(r.changes))}</td>"
+                    f"<td><b>{html.escape(r.decision.upper())}</b>{' (overridden)' if override else ''} "
+                    f"{html.escape(decision_figures(v))}<details><summary>why</summary>"
+                    f"{html.escape(relative_text(why, base))}</details></td><td>{link}</td></tr>")
+    names = {r.name for r in rounds}
+    for nb, error in (failed_notebooks or {}).items():
+        if nb not in names:
+            rows.append(f'<tr class="failed"><td></td><td>{html.escape(nb)}</td><td></td><td><b>FAILED</b> notebook '
+                        f"failed before its round was recorded<details><summary>why</summary>"
+                        f"notebook failed: {html.escape(relative_text(error, base))}</details></td><td></td></tr>")
+    if not rows:
+        return "<p>No rounds ran.</p>"
+    return ('<table class="rounds"><colgroup><col style="width:4.5em"><col style="width:12em"><col style="width:13em">'
+            '<col><col style="width:19em"></colgroup><tr><th>round</th><th>name</th><th>change</th><th>decision</th>'
+            "<th>rollback point</th></tr>" + "".join(rows) + "</table>")
+
+
+def comparison_html(workbook_dir: str | os.PathLike, failed_notebooks: dict[str, str] | None = None,
+                    base: str | os.PathLike | None = None) -> str:
+    """HTML of the before/after table and the rounds table (`rounds_html`) for index.html, paths relative to `base`
+    (default: the workbook folder's parent, the report folder); a note when there is no workbook."""
     path = Path(workbook_dir)
+    base = Path(base) if base is not None else path.parent
     try:
         from helpers.tune.rounds import Workbook
         wb = Workbook.open(path)
         before_after = before_after_table(wb.before_after())
-        rounds = rounds_table(wb.rounds(), failed_notebooks)
+        rounds = wb.rounds()
     except Exception as exc:  # no workbook (baseline failed) or an unreadable one: say so, keep the index
-        failed = rounds_table([], failed_notebooks)
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        note = f"<p>No before/after table: {html.escape(why)}</p>"
-        return note + (failed.to_html(index=False, na_rep="") if not failed.empty else "")
-    return (before_after.to_html(na_rep="n/a") + "<h2>Rounds</h2>"
-            + (rounds.to_html(index=False, na_rep="") if not rounds.empty else "<p>No rounds ran.</p>"))
+        failed = rounds_html([], failed_notebooks, base) if failed_notebooks else ""
+        return f"<p>No before/after table: {html.escape(relative_text(why, base))}</p>" + failed
+    return before_after.to_html(na_rep="n/a") + "<h2>Rounds</h2>" + rounds_html(rounds, failed_notebooks, base)
 
 
 # ------------------------------------------------------------------------------------- environment
 
-def environment_table(env: dict, peak: dict | float | None) -> pd.DataFrame:
-    """What the runs run on: versions, device, threads, cores, memory source, measured matmul peak.
+def environment_table(env: dict, peak: dict | float | None, hardware: dict | None = None) -> pd.DataFrame:
+    """What the runs run on: versions, device, threads, cores, memory source, and both peaks MFU divides by.
 
-    peak: `env.peak_flops_info`'s dict (FLOP/s, when and at what load it was measured, cached or new) or FLOP/s."""
+    peak: `peaks.peak_flops_info`'s dict (the achievable matmul peak: FLOP/s, its shapes, when and at what load it
+    was measured, cached or new) or FLOP/s; hardware: `peaks.hardware_peak`'s dict (FLOP/s and its arithmetic)."""
     info = peak if isinstance(peak, dict) else {"flops": peak}
+    hw = hardware or {}
     rows = [("python", env.get("python")), *[(name, ver) for name, ver in env.get("packages", {}).items()],
             ("platform", env.get("platform")), ("cpu", env.get("cpu_model")), ("cores", env.get("cpu_count")),
             ("memory (GiB)", _num(env.get("memory_total_bytes"), 1 / 2 ** 30, 1)),
             ("device", env.get("device_target")), ("op threads", env.get("threads")),
             ("memory source", env.get("memory_source")), ("git commit", env.get("git_commit")),
-            ("peak matmul (GFLOP/s, measured)", _num(info.get("flops"), 1e-9, 1)),
-            *[(what, info[key]) for what, key in (("peak measured at", "measured_at"),
+            ("hardware peak (GFLOP/s)", _num(hw.get("flops"), 1e-9, 1)), ("hardware peak: how", hw.get("arithmetic")),
+            ("achievable matmul peak (GFLOP/s, measured)", _num(info.get("flops"), 1e-9, 1)),
+            *[(what, info[key]) for what, key in (("achievable peak: what", "name"),
+                                                  ("achievable peak measured at", "measured_at"),
                                                   ("1-min load average while measured", "load_avg_1m"),
-                                                  ("peak source", "source")) if key in info]]
+                                                  ("achievable peak source", "source")) if key in info]]
     return pd.DataFrame(rows, columns=["what", "value"]).set_index("what")
 
 

@@ -51,16 +51,27 @@ def steady_rows(rows: list[dict], start_step: int, warmup_steps: int,
     return [r for r in rows if r["step"] >= start_step + warmup_steps and not first <= r["step"] <= last]
 
 
+def mfu_error(mfu: float | None, mfu_hardware: float | None) -> str | None:
+    """One line when an MFU is above 100% of its peak (impossible: that peak was measured low, e.g. under load, or
+    the hardware arithmetic is wrong), else None."""
+    over = [f"{100 * value:.1f}% of the {name} peak" for name, value in (("achievable matmul", mfu),
+                                                                         ("hardware", mfu_hardware))
+            if value is not None and value > 1.0]
+    return f"MFU above 100% ({', '.join(over)}): that peak is too low to divide by" if over else None
+
+
 def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_token: float,
               peak_flops: float | None, profiled: tuple[int, int] | list[int] | None = None,
-              memory_source: str = RSS) -> dict:
+              memory_source: str = RSS, hardware_peak_flops: float | None = None) -> dict:
     """Speed, memory and loss figures over the steady window of the steps this process ran.
 
     start_step: first step this process ran (1, or the step after a resumed checkpoint);
     profiled: (first, last) step of the profiler window, left out of every speed figure (`steady_rows`).
 
     step_time_ms: median ms/step; tokens_per_s: tokens of the window / its summed step time;
-    data_wait_share: blocked-on-data time / step time; mfu: flops_per_token·tokens_per_s / peak_flops;
+    data_wait_share: blocked-on-data time / step time; mfu: flops_per_token·tokens_per_s / peak_flops (the
+    achievable matmul peak, helpers/run/peaks.py); mfu_hardware: the same over hardware_peak_flops (the CPU's
+    cores × clock × lanes × FMA); mfu_error: a line when either is above 1;
     speed_steps: how many steps those figures are over;
     peak_memory_bytes: the peak the memory gate judges, per `memory_source` (process RSS on CPU; on a device the
     largest per-step device_memory_bytes); peak_rss_bytes and peak_device_memory_bytes keep both.
@@ -78,6 +89,8 @@ def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_to
     rss_peak = peak_rss_bytes()
     device = _finite(r.get("device_memory_bytes") for r in rows)
     device_peak = int(device.max()) if device.size else None
+    mfu, mfu_hw = (flops_per_token * tokens_per_s / peak if (tokens_per_s and peak) else None
+                   for peak in (peak_flops, hardware_peak_flops))
     return {
         "steps": rows[-1]["step"] if rows else 0,
         "tokens_per_s": tokens_per_s,
@@ -94,8 +107,11 @@ def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_to
         "memory_source": memory_source,
         "peak_rss_bytes": rss_peak,
         "peak_device_memory_bytes": device_peak,
-        "mfu": (flops_per_token * tokens_per_s / peak_flops) if (tokens_per_s and peak_flops) else None,
+        "mfu": mfu,
         "peak_flops": peak_flops,
+        "mfu_hardware": mfu_hw,
+        "peak_flops_hardware": hardware_peak_flops,
+        "mfu_error": mfu_error(mfu, mfu_hw),
         "flops_per_token": flops_per_token,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,

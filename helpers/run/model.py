@@ -1,7 +1,7 @@
 """GPT/LLaMA-style decoder on plain `mindspore.nn`, plus the loss wrapper and size/FLOP arithmetic.
 
 Written with Primitive instances and `.astype()` instead of functional ops, because AMP O1 rewrites the
-model source and fails on functional `ops.cast`/`ops.mean` (see shared/mindspore-cpu-facts.md).
+model source and fails on functional `ops.cast`/`ops.mean` (`NameError: cast_opt` in MindSpore 2.10).
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ class RMSNorm(nn.Cell):
 class _LayerNormManualFn(nn.Cell):
     """ops.LayerNorm forward with a hand-written backward (same math as LayerNormGrad).
 
-    MindSpore's CPU LayerNormGrad costs ≈ 1.5 ms per call on the nano shape; the same gradient as a dozen
-    elementwise/reduce ops costs well under half that (shared/mindspore-cpu-facts.md). Parameter-free, so the
+    MindSpore's CPU LayerNormGrad led the nano step's profile here; the same gradient from a dozen elementwise/reduce
+    ops is the alternative (`bench/bench.py speed` times it: arm norm_backward=manual). Parameter-free, so the
     bprop returns the parameters' gradients as ordinary input gradients.
     """
 

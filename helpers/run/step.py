@@ -1,8 +1,8 @@
 """Train-step Cells: gradients, loss scaling, global-norm clipping, AdamW, gradient accumulation.
 
-Written as Cells, not `@ms.jit` functions: a Cell step is ~2.5x faster in graph mode and the compile
-cache trains a functional step silently wrong (shared/mindspore-cpu-facts.md). HyperMap helpers are
-module-level functions because graph mode refuses lambdas there.
+Written as Cells, not `@ms.jit` functions: a functional step measured slower in graph mode here, and with
+the compile cache it trained silently wrong (its parameters never updated; `tests/run/test_startup.py` trains
+the Cell step warm). HyperMap helpers are module-level functions because graph mode refuses lambdas there.
 """
 from __future__ import annotations
 

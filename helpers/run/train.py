@@ -14,7 +14,8 @@ import numpy as np
 from helpers import config as config_mod
 from helpers.config import Config, ConfigError
 from helpers.run.data import OPEN_GATE, DataGate
-from helpers.run.env import environment, peak_flops_info, peak_summary
+from helpers.run.env import environment
+from helpers.run.peaks import hardware_peak, matmul_shapes, peak_flops_info, peak_summary
 from helpers.run.hooks import RunHooks
 from helpers.run.precision import apply_precision
 from helpers.run.rows import fan_out
@@ -133,7 +134,7 @@ class Trainer:
         self.gate: DataGate = OPEN_GATE
         self.block_waits: list[float | None] = []  # data wait (ms) of each step of the last step_block
         self.finished = False  # finish() wrote the summary
-        self._peak = None
+        self._peak = self._hardware_peak = None
 
     def _configure(self) -> None:
         """Set up MindSpore for this process (a data-parallel rank also joins its process group here)."""
@@ -341,11 +342,13 @@ class Trainer:
                 self._data()
             with cost.phase("import"):
                 self._configure()
-            with cost.phase("peak"):
-                peak_info = peak_flops_info(cfg.device_target, "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype,
-                                            cfg.threads)
-            self.extra_summary.update(peak_summary(peak_info))  # which peak the MFU used: when, at what load
-            self._peak = peak_info["flops"]
+            with cost.phase("peak"):  # both peaks MFU divides by: the model's own matmul shapes, the CPU's arithmetic
+                dtype = "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype
+                peak_info = peak_flops_info(cfg.device_target, dtype, cfg.threads,
+                                            matmul_shapes(cfg, cfg.model.vocab_size or self.prep.tokenizer.vocab_size))
+                hardware = hardware_peak(dtype, cfg.device_target)
+            self.extra_summary.update(peak_summary(peak_info, hardware))  # which peaks the MFU used: when, load
+            self._peak, self._hardware_peak = peak_info["flops"], (hardware or {}).get("flops")
             with cost.phase("build"):
                 self._build()
             start = self._restore() + 1 if cfg.resume_from else 1
@@ -407,7 +410,7 @@ class Trainer:
         self.writer.flush()
         stats = summarize(self.writer.rows, start_step, self.cfg.steady_after,
                           getattr(self, "flops_per_token", 0.0), peak, window_steps(self.cfg),
-                          memory_source(self.cfg.device_target))
+                          memory_source(self.cfg.device_target), self._hardware_peak if peak else None)
         if getattr(self, "device_memory", None) is not None:  # the allocator's own totals, next to the peak
             stats.update(self.device_memory.stats())
         first = [r for r in self.writer.rows if r["step"] == start_step]

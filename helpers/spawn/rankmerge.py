@@ -67,7 +67,7 @@ def merge_ranks(run_dir: str | Path) -> dict | None:
     atomic_write_text(run_dir / METRICS_FILE, rows_to_csv(rows))
     profiled = window_steps(cfg)  # the ranks' profiler window (comm_profile_steps): not speed
     stats = summarize(rows, start, cfg.steady_after, summary.get("flops_per_token") or 0.0,
-                      summary.get("peak_flops"), profiled)
+                      summary.get("peak_flops"), profiled, hardware_peak_flops=summary.get("peak_flops_hardware"))
     peaks = [r["peak_rss_bytes"] for r in ranks]
     steady = {r["step"] for r in steady_rows(rows, start, cfg.steady_after, profiled)}
     rank_ms = [float(np.median([row["step_time_ms"] for row in r["rows"] if row["step"] in steady] or [np.nan]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -111,7 +112,7 @@ def _run_all(page) -> None:
             page.wait_for_selector(".jp-InputArea-prompt:has-text('[1]'), .jp-InputArea-prompt:has-text('[*]')",
                                    timeout=5_000)
             return
-        except Exception:  # the race in shared/jupyter-facts.md: Run All clicked too early does nothing
+        except Exception:  # a race seen here: Run All clicked while the status bar still initialises does nothing
             page.keyboard.press("Escape")
     pytest.fail("Run All did not start the first cell")
 
@@ -209,3 +210,58 @@ def test_widgets_render_in_the_html_report_offline(tmp_path):
         finally:
             browser.close()
     assert not [u for u in requests if "html-manager" in u or "require" in u], requests
+
+
+def _report_with_a_round(tmp_path: Path, corpus: Path) -> Path:
+    """A real report folder: one notebook pins a tiny baseline and runs a paired round (so the index has a reason and
+    a rollback point), one fails with an error naming the workbook folder's absolute path."""
+    books = tmp_path / "notebooks"
+    books.mkdir()
+    kernelspec = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    params = new_code_cell('workbook_dir = "wb"\ncorpus = ""', metadata={"tags": ["parameters"]})
+    round_cell = new_code_cell("from helpers.tune.rounds import Workbook\nfrom helpers.tune.study import base_config\n"
+                               "wb = Workbook.create(workbook_dir, base_config('tiny', 12, corpus=corpus))\n"
+                               "wb.baseline(progress=False)\n"
+                               "print(wb.run_round('batch_size', {'batch_size': 32}, progress=False).decision)")
+    nbformat.write(new_notebook(cells=[params, round_cell], metadata=kernelspec), str(books / "00_round.ipynb"))
+    failing = new_code_cell("raise FileNotFoundError(f'no notes in {workbook_dir}/notes.txt')")
+    nbformat.write(new_notebook(cells=[params, failing], metadata=kernelspec), str(books / "01_fails.ipynb"))
+    given = tmp_path / "params.yaml"
+    given.write_text(f"corpus: {corpus}\n")
+    out = tmp_path / "report"
+    results = run_workbook(given, out, books, log=lambda _: None)
+    assert [r.status for r in results] == ["ok", "failed"], [r.error for r in results]
+    return out
+
+
+def test_the_report_index_fits_1400_px_and_holds_no_absolute_path(tmp_path, small_corpus):
+    from playwright.sync_api import sync_playwright
+    out = _report_with_a_round(tmp_path, small_corpus)
+    index = out / "index.html"
+    source = index.read_text(encoding="utf-8")
+    assert str(tmp_path) not in source and str(REPO) not in source  # no machine path, in text or links
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(index.as_uri())
+            page.screenshot(path=str(ARTIFACTS / "report_index.png"), full_page=True)
+            assert page.evaluate("document.documentElement.scrollWidth") <= 1400  # no sideways scrolling
+            row = page.locator("table.rounds tr.keep, table.rounds tr.reject, table.rounds tr.no-change").first
+            assert row.bounding_box()["height"] < 120  # a short decision line, not a reason a screen tall
+            reason = row.locator("details")
+            assert not reason.evaluate("d => d.open")
+            reason.locator("summary").click()  # the full reason, one click away
+            page.screenshot(path=str(ARTIFACTS / "report_index_reason.png"), full_page=True)
+            assert "pairs" in reason.inner_text() and "→" in reason.inner_text()
+            hrefs = page.eval_on_selector_all("a[href]", "links => links.map(a => a.getAttribute('href'))")
+            text = page.inner_text("body")
+        finally:
+            browser.close()
+    assert any(h.endswith("/rollback/") for h in hrefs)
+    for href in hrefs:  # every link relative to the report folder, and there
+        assert not href.startswith(("/", "file:")) and "://" not in href, href
+        assert (out / href).exists(), href
+    assert "no notes in workbook/notes.txt" in text  # the error's path, relative to the report folder
+    assert not re.search(r"(^|[\s(\"'=])/(tmp|work|home|root|usr|var)/", text), text

@@ -1,5 +1,9 @@
 """Every measured figure and verdict in a report comes from the run's data: none is typed into the notebooks or into
-the sentences the helpers print (rule constants are fine: they are the rule, printed from named constants)."""
+the sentences the helpers print (rule constants are fine in code: they are the rule, printed from named constants).
+
+`typed_outcomes(text)` is the check: each form it catches has a name and the reason it is refused, so a failure
+names the notebook, the cell, the form and the sentence around it.
+"""
 from __future__ import annotations
 
 import json
@@ -11,17 +15,113 @@ import yaml
 from helpers.paths import NOTEBOOKS_DIR
 from helpers.tune.diagnose import TROUBLESHOOTING, _next_rounds
 
-# A measured speed (12 ms, 9.9k tokens/s, 107 GFLOP/s), a signed change (+37%, −10%), a ratio (×1.4), or a verdict
-# announced before the runs ("expect …", "is rejected", "slower here").
-LITERAL = re.compile(r"\d[\d.,–-]*\s?(k\s)?(ms\b|tokens/s|GFLOP/s|s/step)|[+−±-]\d+(\.\d+)?\s?%|×\s?\d+\.\d|\bexpect"
-                     r"|is rejected|slower here|faster here", re.IGNORECASE)
+_NUM = r"\d+(?:[.,]\d+)*"
+# (form, pattern, why it is refused). Case-insensitive; a code cell's format spec (`{x:.1%}`) is not a figure.
+FORMS: list[tuple[str, str, str]] = [
+    ("measured speed", rf"\d[\d.,–-]*\s?(?:k\s)?(?:ms\b|tokens/s|GFLOP/s|s/step|samples/s)",
+     "a speed is measured by a run, not typed"),
+    ("percent", rf"(?<![\w.:%{{])[+−±-]?{_NUM}\s?%", "a share, change or level is measured or is a named constant"),
+    ("ratio", rf"(?<!\d)(?<!\d )×\s?{_NUM}|\b{_NUM}(?:x\b|\s?×(?!\s?\d))",
+     "a ratio (×1.4, 2x, 1.4×) is what runs measure"),
+    ("duration", rf"\b{_NUM}\s?(?:s|sec|seconds?|min|minutes?|h|hours?)\b"
+                 r"|\b(?:half|quarter|one|two|three|a few|several)[- ](?:second|minute|hour)s?\b",
+     "a duration is measured (or a parameter, read from it)"),
+    ("memory size", rf"\b{_NUM}\s?(?:[KMGT]i?B)\b", "a size is measured or computed by a cell"),
+    ("approximate figure", r"[~≈]\s?\d", "an approximate figure is a typed measurement"),
+    ("magnitude words", r"\b(?:tens|hundreds|thousands|millions|billions) of\b|\bfraction of\b",
+     "a magnitude in words is a typed figure"),
+    ("outcome word", r"\b(?:faster|slower|wins?|won|beats?|beaten|outperforms?)\b",
+     "who is faster is the verdict's to say, from the runs"),
+    ("verdict in advance", r"\bexpect|\bis rejected\b", "a verdict announced before the runs"),
+    ("stale term: noise band", r"\bnoise band\b",
+     "speed rounds are judged by an interval (helpers/paired.py); seeds give a 'seed band'"),
+    ("stale claim: seconds of training steps", r"\bseconds of training steps\b",
+     "time to target counts from the training process's start (elapsed_s), not training steps only"),
+]
+_COMPILED = [(name, re.compile(pattern, re.IGNORECASE), why) for name, pattern, why in FORMS]
+
+
+def typed_outcomes(text: str) -> list[tuple[str, str, str]]:
+    """(form, the matched text, the sentence around it) for each typed figure or outcome in `text`."""
+    hits = []
+    for name, pattern, _ in _COMPILED:
+        for m in pattern.finditer(text):
+            start = max([m.start() - 80, 0] + [text.rfind(sep, 0, m.start()) + len(sep) for sep in (". ", "\n")
+                                               if text.rfind(sep, 0, m.start()) >= 0])
+            end = min(x for x in (text.find(". ", m.end()), text.find("\n", m.end()), m.end() + 80, len(text))
+                      if x >= 0)
+            hits.append((name, m.group(0), text[start:end].strip()))
+    return hits
+
+
+def notebook_hits(path) -> list[str]:
+    """One line per typed figure in a notebook: cell number (0-based), kind, form, match and sentence."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return [f"cell {i} ({c['cell_type']}): {form} {match!r} in «{sentence}»"
+            for i, c in enumerate(cells) for form, match, sentence in typed_outcomes("".join(c["source"]))]
+
+
+# Notebooks another engineer is rewriting (not edited in issue 26): their flagged lines today, pinned so that any new
+# typed figure still fails. Whoever lands the rewrite empties the entry (a stale entry fails as well).
+PENDING_REWRITE = {
+    "02_data_pipeline": [
+        "cell 6 (markdown): magnitude words 'thousands of' in «On this CPU the default pipeline (pre-tokenized text, "
+        "one map worker) produces thousands of samples per second,»",
+        "cell 6 (markdown): magnitude words 'fraction of' in «far more than training consumes: the wait is a "
+        "fraction of a percent, and a data round on the main workbook»",
+        "cell 8 (markdown): outcome word 'beat' in «On 2 cores threads beat `python_multiprocessing=True` "
+        "(processes pay pickling for every sample), and mo»",
+    ],
+    "05_batch_size": [],
+}
 
 
 @pytest.mark.parametrize("notebook", sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
 def test_notebook_sources_type_in_no_figures_or_verdicts(notebook):
-    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    hits = [(i, m.group(0)) for i, c in enumerate(cells) for m in LITERAL.finditer("".join(c["source"]))]
-    assert hits == [], f"{notebook.name}: cell, literal = {hits}"
+    hits = notebook_hits(notebook)
+    expected = PENDING_REWRITE.get(notebook.stem, [])
+    assert hits == expected, (f"{notebook.name}: typed figures or outcomes (compute them in a cell from the run "
+                              f"records, or cut them):\n" + "\n".join(hits)
+                              + (f"\n(pending its rewrite, tests/book/test_no_literal_figures.py expects exactly:\n"
+                                 + "\n".join(expected) + ")" if expected else ""))
+
+
+# The sentences issue 26 found in the notebooks (copies, as they stood): the check must refuse every one.
+ISSUE_SENTENCES = {
+    "nb02 thousands of samples": "On this CPU the default pipeline (pre-tokenized text, one map worker) produces "
+                                 "thousands of samples per second, far more than training consumes",
+    "nb02 fraction of a percent": "the wait is a fraction of a percent, and a data round on the main workbook "
+                                  "would measure nothing but noise.",
+    "nb02 threads beat": "On 2 cores threads beat `python_multiprocessing=True` (processes pay pickling for every "
+                         "sample)",
+    "nb04 wins sooner": "With a warm cache, graph mode wins sooner.",
+    "nb06 ~1e-8": "gives the same optimizer step as one big batch (the gradients match to ~1e-8)",
+    "nb11 all slower": 'or start from eager PyNative (`"mode": "pynative", "jit_level": "none"` in `naive`), whose '
+                       "rounds are all slower.",
+    "nb11 half-minute": "With the default half-minute budget the rounds that fit are the paired ones",
+    "nb11 99% interval": "the same keep/reject rule with its 99% interval, loss and memory gates",
+    "nb13 training steps": "**time to target** (wall seconds of training steps until validation loss reaches the "
+                           "level every reference seed reached) is reported beside it.",
+    "nb03 noise band": "the round's verdict with the noise band it was judged against",
+    # the forms the issue names
+    "2x": "the paired round is 2x cheaper", "1.4×": "a 1.4× speed-up", "×2": "tokens/s ×2",
+    "unsigned percent": "data wait is 3% of the step", "seconds": "the round takes 30 s",
+    "MiB": "peak RSS 700 MiB",
+}
+# Sentences the check must let through (it is not a check that refuses everything).
+CLEAN_SENTENCES = ["Steps until graph mode's extra first-step cost is paid back by its steady steps",
+                   "a 1024³ fp32 matmul, best of `repeats`", "the nano shape (12 × 64 × 128)",
+                   "print(f'{share:.1%} of the step')", "the keep/reject rule with its interval"]
+
+
+@pytest.mark.parametrize("sentence", list(ISSUE_SENTENCES.values()), ids=list(ISSUE_SENTENCES))
+def test_the_check_refuses_each_typed_outcome_the_issue_found(sentence):
+    assert typed_outcomes(sentence), sentence
+
+
+@pytest.mark.parametrize("sentence", CLEAN_SENTENCES)
+def test_the_check_lets_untyped_text_through(sentence):
+    assert typed_outcomes(sentence) == []
 
 
 def test_diagnosis_advice_predicts_no_verdict():
@@ -31,5 +131,5 @@ def test_diagnosis_advice_predicts_no_verdict():
     # every row's entries are plain lines (a ': ' inside a YAML flow list silently makes a mapping)
     assert [x for r in rows for k in ("causes", "checks", "fix") for x in r[k] if not isinstance(x, str)] == []
     advice += [fix for row in rows for fix in row["fix"]]
-    words = re.compile(r"slower|faster|\bwin\b|rises to", re.IGNORECASE)
-    assert [a for a in advice if LITERAL.search(a) or words.search(a)] == []
+    words = re.compile(r"\bwin\b|rises to", re.IGNORECASE)
+    assert [a for a in advice if typed_outcomes(a) or words.search(a)] == []

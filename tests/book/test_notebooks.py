@@ -111,6 +111,45 @@ def test_a_failing_notebook_keeps_its_copy_and_the_run_goes_on(tmp_path):
     assert (out.parent / "latest").resolve() == out.resolve()
 
 
+# A kernel started as `run_workbook` starts it (start_kernel), then one started by jupyter_client's defaults (TCP):
+# each waits until the kernel answers, runs a cell, and shuts it down; the kernel's own log goes to this child's stderr.
+_KERNEL_CHILD = """
+import sys
+from pathlib import Path
+from jupyter_client import BlockingKernelClient, KernelManager
+from helpers.book.notebooks import start_kernel, stop_kernel
+km = start_kernel("python3", Path(".")) if sys.argv[1] == "workbook" else KernelManager(kernel_name="python3")
+if sys.argv[1] != "workbook":
+    km.start_kernel()
+client = BlockingKernelClient()
+client.load_connection_info(km.get_connection_info())
+client.start_channels()
+client.wait_for_ready(timeout=60)
+client.execute_interactive("print('cell ran')", timeout=60)
+client.stop_channels()
+stop_kernel(km) if sys.argv[1] == "workbook" else km.shutdown_kernel(now=True)
+print("transport", km.transport)
+"""
+
+
+def test_workbook_kernels_use_ipc_so_no_tcp_warning_is_printed():
+    """`make workbook` printed ipykernel's "Kernel is running over TCP without encryption" once per notebook; its
+    kernels now talk over IPC (Unix sockets in a private folder)."""
+    import subprocess
+    import sys
+    from tests.conftest import REPO
+    warning = "Kernel is running over TCP without encryption"
+    out = {}
+    for how in ("workbook", "default"):
+        proc = subprocess.run([sys.executable, "-c", _KERNEL_CHILD, how], cwd=REPO, capture_output=True, text=True,
+                              timeout=180, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out[how] = proc.stdout + proc.stderr
+    assert "cell ran" in out["workbook"] and "transport ipc" in out["workbook"]
+    assert out["workbook"].count(warning) == 0
+    assert out["default"].count(warning) == 1 and "transport tcp" in out["default"]  # the check sees the warning
+
+
 def test_a_hung_notebook_is_stopped_at_its_timeout_and_the_run_goes_on(tmp_path):
     import time
 

@@ -36,7 +36,7 @@ def test_runs_table_has_units_and_a_median_row():
     assert table.loc["median", "tokens/s"] == 2000.0
     assert table.loc["a", "peak RSS (MiB)"] == 500
     assert table.loc["a", "comm (% of step)"] == "n/a (single process)"
-    assert table.loc["a", "MFU (%)"] == 5.0
+    assert table.loc["a", "MFU (% of matmul peak)"] == 5.0
 
 
 def test_groups_table_one_median_row_per_group():
@@ -103,6 +103,21 @@ def test_rounds_table_adds_failed_notebooks():
     assert table.iloc[0]["interval"] == "tokens/s ×1.100, 99.9% interval ×1.050–×1.160 (8 pairs, paired)"
     assert table.iloc[1]["reason"] == "notebook failed: ValueError: boom"
     assert report.verdict_text(rnd).startswith("Round 1 'batch_size': batch_size 12 → 24 → KEEP — r")
+    assert table.iloc[0][report.ROLLBACK] == "rounds/01/rollback"  # in the workbook folder: no machine path
+
+
+def test_the_index_rounds_table_is_one_decision_line_with_the_reason_a_click_away_and_relative_paths(tmp_path):
+    verdict = SimpleNamespace(speedup=1.1, noise_band=0.05, loss_drift=0.001, memory_ratio=1.0,
+                              reason=f"the whole reason; resume with: python -m helpers resume {tmp_path}/workbook/x",
+                              decision="keep", interval=[1.05, 1.16], level=0.999, pairs=8, path="paired")
+    rnd = SimpleNamespace(index=1, name="batch_size", changes={"batch_size": (12, 24)}, verdict=verdict,
+                          decision="keep", rollback=tmp_path / "workbook" / "rounds" / "01" / "rollback", override=None)
+    page = report.rounds_html([rnd], {"05_batch_size": f"ValueError: no {tmp_path}/workbook/y"}, tmp_path)
+    assert ("<b>KEEP</b> tokens/s ×1.100, 99.9% interval ×1.050–×1.160 (8 pairs, paired); loss drift +0.10%; "
+            "memory ×1.00<details><summary>why</summary>the whole reason; resume with: python -m helpers resume "
+            "workbook/x</details>") in page
+    assert '<a href="workbook/rounds/01/rollback/">' in page and "notebook failed: ValueError: no workbook/y" in page
+    assert str(tmp_path) not in page
 
 
 def test_base_config_scales_with_steps():

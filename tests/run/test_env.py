@@ -1,4 +1,5 @@
-"""The measured matmul peak behind MFU: when it is measured again, and how a run names the peak it used."""
+"""The two peaks behind MFU: the hardware peak's arithmetic, the achievable matmul peak (when it is measured again,
+keyed by the model's shapes), and how a run names both; an MFU above either is an error."""
 from __future__ import annotations
 
 import json
@@ -7,17 +8,19 @@ import time
 
 import pytest
 
-from helpers.run import env
+from helpers.config import from_dict
+from helpers.run import peaks
+from helpers.run.metrics import summarize
 from helpers.record import load_run
 from tests.conftest import run_cli, tiny_args
 
 
 def _cache(tmp_path, monkeypatch, entry: dict) -> None:
-    """A peak cache in a private XDG_CACHE_HOME holding `entry` for this machine's CPU fp32 key."""
+    """A peak cache in a private XDG_CACHE_HOME holding `entry` for this machine's CPU fp32 key (default shapes)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    path = env._cache_file()
+    path = peaks._cache_file()
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({env._machine_key("CPU", "fp32", 0): entry}))
+    path.write_text(json.dumps({peaks._machine_key("CPU", "fp32", 0, peaks.default_shapes()): entry}))
 
 
 def _at(seconds_ago: float) -> str:
@@ -26,32 +29,79 @@ def _at(seconds_ago: float) -> str:
 
 def test_a_fresh_quiet_peak_is_used_as_cached(tmp_path, monkeypatch):
     _cache(tmp_path, monkeypatch, {"flops": 123.0, "measured_at": _at(60), "load_avg_1m": 0.1})
-    info = env.peak_flops_info("CPU", "fp32", 0)
+    info = peaks.peak_flops_info("CPU", "fp32", 0)
     assert info["flops"] == 123.0 and info["source"].startswith("cached: measured")
+    assert info["name"].startswith("achievable: MindSpore's fp32 MatMul on CPU, the fastest of the model's shapes")
 
 
 @pytest.mark.parametrize("entry, why", [
-    ({"flops": 1.0, "measured_at": _at(2 * env.PEAK_STALE_S), "load_avg_1m": 0.1}, "older than"),
+    ({"flops": 1.0, "measured_at": _at(2 * peaks.PEAK_STALE_S), "load_avg_1m": 0.1}, "older than"),
     ({"flops": 1.0, "measured_at": _at(60), "load_avg_1m": 50.0 * (os.cpu_count() or 1)}, "was measured at load"),
     ({"flops": 1.0, "measured_at": _at(60)}, "no load average recorded"),  # written before loads were kept
 ])
 def test_a_stale_or_loaded_peak_is_measured_again(tmp_path, monkeypatch, entry, why):
     _cache(tmp_path, monkeypatch, entry)
-    info = env.peak_flops_info("CPU", "fp32", 0)
-    assert info["flops"] > 1e8, info  # a real 1024³ matmul, not the cached 1 FLOP/s
+    info = peaks.peak_flops_info("CPU", "fp32", 0)
+    assert info["flops"] > 1e8, info  # real matmuls, not the cached 1 FLOP/s
     assert why in info["source"] and info["measured_at"] != entry["measured_at"]
     assert info["load_avg_1m"] >= 0 and info["cores"] == os.cpu_count()
-    cached = json.loads(env._cache_file().read_text())[env._machine_key("CPU", "fp32", 0)]
+    key = peaks._machine_key("CPU", "fp32", 0, peaks.default_shapes())
+    cached = json.loads(peaks._cache_file().read_text())[key]
     assert cached["flops"] == info["flops"] and cached["load_avg_1m"] == info["load_avg_1m"]
 
 
-def test_summary_and_show_name_the_peak_the_mfu_used(tmp_path, small_corpus):
+def test_the_achievable_peak_is_measured_on_the_models_shapes_and_cached_per_shape_set(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    tiny = peaks.matmul_shapes(from_dict({"model": {"preset": "tiny"}, "batch_size": 8}), 65)
+    assert tiny == [(256, 64, 192), (256, 64, 64), (256, 64, 256), (256, 256, 64), (256, 64, 65)]  # M = 8 × 32
+    info = peaks.peak_flops_info("CPU", "fp32", 0, tiny)
+    assert [r["shape"] for r in info["shapes"]] == [list(s) for s in tiny]
+    assert info["flops"] == max(r["flops"] for r in info["shapes"]) > 1e8
+    other = peaks.peak_flops_info("CPU", "fp32", 0, tiny[:1])  # another model's shapes are another entry
+    assert "no peak cached" in other["source"]
+    keys = list(json.loads(peaks._cache_file().read_text()))
+    assert len(keys) == 2 and keys[0].endswith("256x64x192,256x64x64,256x64x256,256x256x64,256x64x65")
+
+
+def test_the_hardware_peak_shows_its_arithmetic_and_no_matmul_beats_it():
+    hw = peaks.hardware_peak("fp32")
+    assert hw["flops"] == pytest.approx(hw["cores"] * hw["ghz"] * 1e9 * hw["lanes"] * hw["fma_units"] * 2)
+    assert hw["arithmetic"] == (f"{hw['cores']} cores × {hw['ghz']:.3f} GHz ({hw['clock_source']}) × {hw['lanes']} "
+                                f"fp32 lanes ({hw['isa']}, {hw['vector_bits']}-bit) × {hw['fma_units']} FMA units per "
+                                f"core (assumed) × 2 FLOP per FMA = {hw['flops'] / 1e9:.1f} GFLOP/s")
+    assert 1 <= hw["cores"] <= os.cpu_count()
+    # MindSpore's best matmul on a large square shape stays below what the silicon can do (else the arithmetic lies)
+    assert peaks.measure_peak_flops("fp32", [(1024, 1024, 1024)])["flops"] < hw["flops"]
+    assert peaks.hardware_peak("fp32", "GPU") is None  # no derived peak off CPU
+
+
+def _rows(tokens_per_s: float, steps: int = 6) -> list[dict]:
+    return [{"step": s, "step_time_ms": 1000.0 * 100 / tokens_per_s, "data_wait_ms": 0.0, "tokens": 100}
+            for s in range(1, steps + 1)]
+
+
+def test_an_mfu_above_either_peak_is_an_error():
+    ok = summarize(_rows(1000.0), 1, 1, 1e6, peak_flops=2e9, hardware_peak_flops=4e9)
+    assert (ok["mfu"], ok["mfu_hardware"], ok["mfu_error"]) == (pytest.approx(0.5), pytest.approx(0.25), None)
+    low = summarize(_rows(1000.0), 1, 1, 1e6, peak_flops=5e8, hardware_peak_flops=4e9)
+    assert low["mfu_error"] == ("MFU above 100% (200.0% of the achievable matmul peak): that peak is too low to "
+                                "divide by")
+    both = summarize(_rows(1000.0), 1, 1, 1e6, peak_flops=5e8, hardware_peak_flops=8e8)
+    assert "200.0% of the achievable matmul peak, 125.0% of the hardware peak" in both["mfu_error"]
+
+
+def test_summary_and_show_name_both_peaks_and_mfu_stays_below_them(tmp_path, small_corpus):
     run = tmp_path / "run"
-    assert run_cli("train", *tiny_args(small_corpus, 6), "--out", str(run), "--progress", "none").returncode == 0
+    assert run_cli("train", *tiny_args(small_corpus, 12), "--out", str(run), "--progress", "none").returncode == 0
     s = load_run(run).summary
-    assert s["mfu"] > 0 and s["peak_flops"] > 0
+    assert 0 < s["mfu"] <= 1 and 0 < s["mfu_hardware"] <= 1 and s["mfu_error"] is None, s
+    assert s["peak_flops"] <= s["peak_flops_hardware"]
+    assert s["peak_flops_name"].startswith("achievable: MindSpore's fp32 MatMul on CPU")
+    assert [r["shape"][0] for r in s["peak_flops_shapes"]] == [8 * 32] * len(s["peak_flops_shapes"])
+    assert s["peak_flops_hardware_arithmetic"].endswith(f"= {s['peak_flops_hardware'] / 1e9:.1f} GFLOP/s")
     assert s["peak_flops_measured_at"] and s["peak_flops_load_avg"] is not None
     assert s["peak_flops_source"].startswith(("cached: measured", "measured now at load"))
     shown = run_cli("show", str(run)).stdout
-    assert "peak_flops_measured_at" in shown and s["peak_flops_measured_at"] in shown
-    assert "peak_flops_load_avg" in shown
+    for key in ("peak_flops_name", "peak_flops_measured_at", "peak_flops_load_avg", "mfu_hardware",
+                "peak_flops_hardware_arithmetic"):
+        assert key in shown

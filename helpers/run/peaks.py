@@ -1,0 +1,276 @@
+"""The two peaks MFU is divided by, each named: the CPU's hardware peak (cores × clock × vector lanes × FMA units × 2,
+arithmetic shown) and the achievable matmul peak (MindSpore's MatMul measured in the run's dtype over the model's
+own shapes, cached per machine). FLOP/s throughout."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Iterator
+
+from helpers.config import Config, micro_batch_per_device
+from helpers.run.env import cpu_model
+
+# ------------------------------------------------------------------------------------------- hardware peak
+
+# Vector FMA pipes per core. Not in /proc/cpuinfo: 2 on Intel cores since Haswell and AMD cores since Zen 2 (fewer on
+# some older or smaller parts), so this is an upper bound for those: an MFU against it is never flattered.
+FMA_UNITS = 2
+VECTOR_BITS = (("avx512f", 512), ("avx2", 256), ("avx", 256), ("sse2", 128))  # widest vector unit the flags show
+# A dtype computes in its own lanes only where the CPU has vector FMA for it; otherwise in fp32 lanes.
+NARROW_LANE_FLAG = {"fp16": "avx512_fp16", "bf16": "avx512_bf16"}
+
+
+def _cpuinfo() -> list[dict[str, str]]:
+    """/proc/cpuinfo as one dict per logical CPU ([] where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    cpus = []
+    for block in text.strip().split("\n\n"):
+        fields = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in block.splitlines()))
+        if "processor" in fields:
+            cpus.append(fields)
+    return cpus
+
+
+def _lscpu() -> dict[str, str]:
+    """lscpu's fields ({} without lscpu)."""
+    if not shutil.which("lscpu"):
+        return {}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in out.splitlines())}
+
+
+def hardware_peak(dtype: str = "fp32", device_target: str = "CPU") -> dict | None:
+    """The CPU's peak FLOP/s for `dtype`, from the cores this process may run on, their clock and vector width.
+
+    Returns {flops, arithmetic (the multiplication as one line), cores, ghz, clock_source, isa, vector_bits,
+    lanes, fma_units}; None off CPU (a GPU's or NPU's peak is not derived here) or without /proc/cpuinfo.
+    cores: physical cores among the CPUs in this process's affinity mask (hyper-thread siblings share FMA units);
+    clock: lscpu's "CPU max MHz" when it has one (the highest the cores run at), else the highest "cpu MHz".
+    """
+    cpus = _cpuinfo()
+    if device_target != "CPU" or not cpus:
+        return None
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {int(c["processor"]) for c in cpus}
+    mine = [c for c in cpus if int(c["processor"]) in usable] or cpus
+    ids = {(c.get("physical id"), c.get("core id")) for c in mine}
+    cores = len(ids) if None not in {i for pair in ids for i in pair} else len(mine)
+    lscpu = _lscpu()
+    if lscpu.get("CPU max MHz"):
+        mhz, clock_source = float(lscpu["CPU max MHz"]), "lscpu CPU max MHz"
+    else:
+        mhz, clock_source = max(float(c.get("cpu MHz", 0) or 0) for c in mine), "/proc/cpuinfo cpu MHz"
+    flags = set(mine[0].get("flags", "").split())
+    isa, bits = next(((name, b) for name, b in VECTOR_BITS if name in flags), ("scalar", 32))
+    narrow = NARROW_LANE_FLAG.get(dtype)
+    lane_bits = 16 if narrow and narrow in flags else 32
+    lanes = bits // lane_bits
+    flops = cores * mhz * 1e6 * lanes * FMA_UNITS * 2
+    lane_note = f"{lanes} {dtype} lanes ({isa}, {bits}-bit)" if lane_bits == 16 or dtype == "fp32" else \
+        f"{lanes} fp32 lanes ({isa}, {bits}-bit; {dtype} computes in fp32 lanes: no {narrow})"
+    arithmetic = (f"{cores} cores × {mhz / 1000:.3f} GHz ({clock_source}) × {lane_note} × "
+                  f"{FMA_UNITS} FMA units per core (assumed) × 2 FLOP per FMA = {flops / 1e9:.1f} GFLOP/s")
+    return {"flops": flops, "arithmetic": arithmetic, "cores": cores, "ghz": mhz / 1000, "clock_source": clock_source,
+            "isa": isa, "vector_bits": bits, "lanes": lanes, "fma_units": FMA_UNITS}
+
+
+# ---------------------------------------------------------------------------------------- achievable peak
+
+def matmul_shapes(cfg: Config, vocab: int | None = None) -> list[tuple[int, int, int]]:
+    """The model's own matmul shapes (M, K, N) for one micro-batch: q/k/v projection, attention output, MLP up and
+    down, and the output head when `vocab` is known; M = micro-batch × context tokens."""
+    m, d = micro_batch_per_device(cfg) * cfg.model.seq_len, cfg.model.d_model
+    hidden = 8 * ((8 * d // 3 + 7) // 8) if cfg.model.mlp == "swiglu" else 4 * d  # as helpers/run/model.py builds it
+    shapes = [(m, d, 3 * d), (m, d, d), (m, d, hidden), (m, hidden, d)] + ([(m, d, vocab)] if vocab else [])
+    return list(dict.fromkeys(shapes))
+
+
+def default_shapes() -> list[tuple[int, int, int]]:
+    """The shapes of the default config's model (nanoGPT's CPU config), for a peak asked for without a model."""
+    from helpers.config import from_dict
+    return matmul_shapes(from_dict({}))
+
+
+PEAK_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # config name → MindSpore dtype name
+LOOP_S = 0.01  # each timed loop runs at least this long, so the host's per-call sync is spread over its calls
+
+
+def peak_dtype(dtype: str):
+    """The MindSpore dtype a peak for `dtype` (fp32 or any amp_dtype: fp16, bf16) is measured in."""
+    import mindspore as ms
+    if dtype not in PEAK_DTYPES:
+        raise ValueError(f"no matmul peak for dtype {dtype!r}; choose one of {', '.join(PEAK_DTYPES)}")
+    return getattr(ms, PEAK_DTYPES[dtype])
+
+
+def measure_peak_flops(dtype: str = "fp32", shapes=None, repeats: int = 5) -> dict:
+    """MatMul FLOP/s on the current MindSpore device for each (M, K, N) in `shapes`: the best of `repeats` loops of
+    back-to-back calls (each loop ≥ LOOP_S, synchronised at its end; other load can only slow a loop, so the best is
+    nearest the peak). Returns {flops: the fastest shape's, shapes: [{shape, flops}]}."""
+    import numpy as np
+    from mindspore import Tensor, ops
+
+    ms_dtype, matmul, rates = peak_dtype(dtype), ops.MatMul(), []
+    shapes = shapes or default_shapes()
+    rng = np.random.default_rng(0)
+    for m, k, n in shapes:
+        a = Tensor(rng.standard_normal((m, k)).astype(np.float32)).astype(ms_dtype)
+        b = Tensor(rng.standard_normal((k, n)).astype(np.float32)).astype(ms_dtype)
+        try:
+            t0 = time.perf_counter()
+            matmul(a, b).asnumpy()  # warm-up: kernel selection and allocation
+        except TypeError as exc:  # the device has no MatMul kernel for this dtype (bf16 on CPU)
+            raise RuntimeError(f"no {dtype} matmul on this device, so no {dtype} peak to measure "
+                               f"({str(exc).splitlines()[0]}); measure it on a device that runs {dtype}") from None
+        calls = max(1, math.ceil(LOOP_S / max(time.perf_counter() - t0, 1e-6)))
+        best = 0.0
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                out = matmul(a, b)
+            out.asnumpy()
+            best = max(best, 2.0 * m * k * n * calls / (time.perf_counter() - t0))
+        rates.append({"shape": [m, k, n], "flops": best})
+    return {"flops": max(r["flops"] for r in rates), "shapes": rates}
+
+
+def _cache_file() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "mindspore-workbook" / "peak_flops.json"
+
+
+def _machine_key(device_target: str, dtype: str, threads: int, shapes) -> str:
+    try:
+        ms_version = metadata.version("mindspore")
+    except metadata.PackageNotFoundError:
+        ms_version = "?"
+    return "|".join([socket.gethostname(), cpu_model(), str(os.cpu_count()), device_target, dtype,
+                     str(threads or "default"), ms_version, ",".join("x".join(map(str, s)) for s in shapes)])
+
+
+# When a cached peak is measured again (the peak is what every MFU is divided by, so a low one inflates MFU):
+PEAK_STALE_S = 24 * 3600.0  # older than a day: co-tenants, governor and background load change over hours
+PEAK_LOADED_PER_CORE = 0.75  # 1-min load average per core above which a measurement counts as "under load"
+#                              (a quiet one here read 1.0–1.4 on 2 cores, the measuring process included)
+
+
+def load_average() -> float:
+    """The 1-minute load average (runnable processes, averaged; compare with os.cpu_count())."""
+    return os.getloadavg()[0]
+
+
+def _loaded(load: float, cores: int) -> bool:
+    return load > PEAK_LOADED_PER_CORE * cores
+
+
+def _age_s(measured_at: str) -> float:
+    try:
+        return time.time() - time.mktime(time.strptime(measured_at, "%Y-%m-%dT%H:%M:%S"))
+    except (TypeError, ValueError):
+        return float("inf")  # unreadable: as good as stale
+
+
+def _why_remeasure(entry: dict | None, cores: int) -> str:
+    """Why a cached peak cannot be used ("" when it can)."""
+    if entry is None:
+        return "no peak cached for this machine, device, dtype, threads and shapes"
+    if "load_avg_1m" not in entry:
+        return f"the cached peak of {entry.get('measured_at')} has no load average recorded"
+    if _age_s(entry.get("measured_at")) > PEAK_STALE_S:
+        return f"the cached peak of {entry.get('measured_at')} is older than {PEAK_STALE_S / 3600:.0f} h"
+    if _loaded(entry["load_avg_1m"], cores):
+        return (f"the cached peak of {entry['measured_at']} was measured at load {entry['load_avg_1m']:.2f}, above "
+                f"{PEAK_LOADED_PER_CORE * cores:.2f} for {cores} cores")
+    return ""
+
+
+def peak_flops_info(device_target: str = "CPU", dtype: str = "fp32", threads: int = 0, shapes=None,
+                    refresh: bool = False) -> dict:
+    """The achievable matmul peak behind MFU and where it came from, cached in ~/.cache per machine, device, dtype,
+    op threads and shapes ((M, K, N) triples; None: the default config's model, `default_shapes`).
+
+    Returns {flops (FLOP/s), shapes ([{shape: [M, K, N], flops}]), name (one line: what the peak is), measured_at
+    (local time, ISO), load_avg_1m (the higher 1-minute load average of before and after the measurement), cores,
+    loaded (load_avg_1m > PEAK_LOADED_PER_CORE × cores), source (one line: cached, or measured now and why)}.
+    A cached peak is measured again when it is stale (older than PEAK_STALE_S), was measured under load, or
+    `refresh`. A new measurement under load replaces a cached one measured under load only if it is higher: load
+    can only slow a matmul down, so the higher one is nearer the peak.
+    """
+    shapes = [tuple(s) for s in (shapes or default_shapes())]
+    path, key = _cache_file(), _machine_key(device_target, dtype, threads, shapes)
+    with _one_measurement_at_a_time(path):
+        return _peak_flops_info(path, key, device_target, dtype, shapes, refresh)
+
+
+@contextmanager
+def _one_measurement_at_a_time(cache: Path) -> Iterator[None]:
+    """Hold a lock beside the cache: processes that measure together (the ranks of a data-parallel run, starting at
+    once) would each time a share of the cores; the second finds the first's peak cached instead."""
+    import fcntl
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _peak_flops_info(path: Path, key: str, device_target: str, dtype: str, shapes: list, refresh: bool) -> dict:
+    cores = os.cpu_count() or 1
+    cache = {}
+    if path.is_file():
+        try:
+            cache = json.loads(path.read_text())
+        except ValueError:
+            cache = {}
+    old = cache.get(key)
+    why = "refresh requested" if refresh else _why_remeasure(old, cores)
+    name = (f"achievable: MindSpore's {dtype} MatMul on {device_target}, the fastest of the model's shapes "
+            f"{', '.join('×'.join(map(str, s)) for s in shapes)} (M×K×N)")
+    if not why:
+        return {**old, "name": name, "cores": old.get("cores", cores), "loaded": False,
+                "source": f"cached: measured {old['measured_at']} at load {old['load_avg_1m']:.2f} on {cores} cores"}
+    before = load_average()
+    measured = measure_peak_flops(dtype, shapes)
+    load = round(max(before, load_average()), 2)
+    new = {**measured, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "load_avg_1m": load, "cores": cores,
+           "loaded": _loaded(load, cores)}
+    note = f"measured now at load {load:.2f} on {cores} cores ({why})"
+    old_loaded = bool(old) and "load_avg_1m" in old and _loaded(old["load_avg_1m"], cores)
+    if new["loaded"] and old_loaded and not refresh and _age_s(old["measured_at"]) <= PEAK_STALE_S \
+            and old["flops"] > new["flops"]:
+        note = (f"cached: measured {old['measured_at']} at load {old['load_avg_1m']:.2f} on {cores} cores; measured "
+                f"again now at load {load:.2f}, it read lower ({new['flops'] / 1e9:.1f} GFLOP/s), so the higher one "
+                f"stays")
+        new = {**old, "cores": cores, "loaded": True}
+    else:
+        cache[key] = new
+        from helpers.record import atomic_write_json
+        atomic_write_json(path, cache)
+    return {**new, "name": name, "source": note}
+
+
+def peak_flops(device_target: str = "CPU", dtype: str = "fp32", threads: int = 0, shapes=None,
+               refresh: bool = False) -> float:
+    """The achievable matmul peak (FLOP/s) for this machine/device/dtype/threads/shapes (see `peak_flops_info`)."""
+    return float(peak_flops_info(device_target, dtype, threads, shapes, refresh)["flops"])
+
+
+def peak_summary(info: dict, hardware: dict | None) -> dict:
+    """The summary.json keys naming both peaks a run's MFU was divided by (the FLOP/s themselves are `peak_flops`
+    and `peak_flops_hardware`, written by metrics.summarize)."""
+    return {"peak_flops_name": info.get("name"), "peak_flops_shapes": info.get("shapes"),
+            "peak_flops_measured_at": info.get("measured_at"), "peak_flops_load_avg": info.get("load_avg_1m"),
+            "peak_flops_loaded": info.get("loaded"), "peak_flops_source": info.get("source"),
+            "peak_flops_hardware_arithmetic": (hardware or {}).get("arithmetic")}
