@@ -187,7 +187,8 @@ class Trainer:
         if cfg.amp_level != "O0":  # after the real model is built, so its init (RNG draws) matches O0 runs
             self._audit_amp(vocab)
         self.val = [(ms.Tensor(x), ms.Tensor(y)) for x, y in val_batches(cfg, self.prep)]
-        self._train_dataset = lambda skip: train_dataset(cfg, self.prep, skip_batches=skip, gate=self.gate)
+        self._train_dataset = lambda skip, after_run=0: train_dataset(cfg, self.prep, skip_batches=skip,
+                                                                      gate=self.gate, after_run=after_run)
 
     def _audit_amp(self, vocab: int) -> None:
         """Write dtype_audit.json and keep its summary for summary.json (`amp_audit`)."""
@@ -427,18 +428,23 @@ class Trainer:
     def _open(self, start: int) -> None:
         """The loop's state: batches from step `start` on, the loss EMA of earlier rows, no outcome yet."""
         cfg = self.cfg
-        dataset = self._train_dataset((start - 1) * cfg.grad_accum_steps)
-        if cfg.dataset_sink:  # Ascend/GPU only (config refuses it elsewhere): one sunk batch per step call
-            import mindspore as ms
-            self._batches = ms.data_sink(self.calls[0], dataset, sink_size=1)
-        else:
-            self._batches = iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True))
+        self._batches = self._feed(self._train_dataset((start - 1) * cfg.grad_accum_steps))
         self._ema = Ema()
         for row in self.writer.rows:
             self._ema.update(row["loss"])
         self._start = self._next = start
         self._last_good = start - 1
-        self._replay, self._extra_done = None, 0
+        self._extra_done = 0
+        if self.extra_steps:  # the batches after the run's own, for measurement-only steps: ready to prefetch
+            self._after = self._feed(self._train_dataset(0, self.extra_steps * cfg.grad_accum_steps))
+
+    def _feed(self, dataset):
+        """What `_one_step` takes its batches from: an iterator, or in sink mode (Ascend/GPU only, the config
+        refuses it elsewhere) MindSpore's data_sink, one sunk batch per call."""
+        if self.cfg.dataset_sink:
+            import mindspore as ms
+            return ms.data_sink(self.calls[0], dataset, sink_size=1)
+        return iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True))
 
     def _steps(self, n: int) -> list[float]:
         """Up to `n` recorded steps from `self._next`; sets `self.outcome` when the run ends."""
@@ -486,26 +492,21 @@ class Trainer:
         return times
 
     def _extra(self, n: int) -> list[float]:
-        """Up to `n` measurement-only steps after a finished record: the same Cells on the run's batches again
-        from its first (the optimizer's LR list was built `extra_steps` longer: lr_at is min_lr past the end);
-        no metrics row, monitor or checkpoint. Nothing after a NaN or stop: those ended the measurement too."""
+        """Up to `n` measurement-only steps after a finished record: the same Cells on the batches that follow the
+        run's own, from the same pipeline (it was built `extra_steps` longer, as the optimizer's LR list: lr_at is
+        min_lr past the end), so they cost what more steps of a longer run would; no metrics row, monitor or
+        checkpoint. Nothing after a NaN or stop: those ended the measurement too."""
         if self.outcome.status != "ok":
             return []
-        self._replay = self._replay or self._replayed()
         times = []
         for _ in range(min(n, self.extra_steps - self._extra_done)):
             t0 = time.perf_counter()
-            wait_ms = self._one_step(self._replay)[-1]
+            wait_ms = self._one_step(self._after)[-1]
             self._extra_done += 1
             self._intermittent(self.cfg.steps + self._extra_done)
             times.append((time.perf_counter() - t0) * 1000.0)
             self.block_waits.append(wait_ms)
         return times
-
-    def _replayed(self):
-        """The run's batches from its first, over and over (measurement-only steps)."""
-        while True:
-            yield from self._train_dataset(0).create_tuple_iterator(num_epochs=1, output_numpy=True)
 
 
 def train(cfg: Config, run_dir: str | os.PathLike, progress=None, replace: bool = False):

@@ -76,8 +76,9 @@ class RankTrainer(Trainer):
 
     def _build(self):
         super()._build()
-        self._train_dataset = lambda skip: train_dataset(self.cfg, self.prep, skip_batches=skip,
-                                                         shard=(self.rank, self.size), gate=self.gate)
+        self._train_dataset = lambda skip, after_run=0: train_dataset(self.cfg, self.prep, skip_batches=skip,
+                                                                      shard=(self.rank, self.size), gate=self.gate,
+                                                                      after_run=after_run)
 
     def _save_checkpoint(self, step: int) -> None:
         if self.rank == 0:

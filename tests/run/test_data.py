@@ -266,6 +266,41 @@ def test_skip_batches(corpus_file):
         train_dataset(cfg, prep, skip_batches=6)
 
 
+def test_batches_after_the_run_continue_its_windows(corpus_file):
+    """A round's measurement-only steps read the windows that follow the run's own, from a pipeline of their own
+    (so the run's batches are the same with or without them)."""
+    cfg = _cfg(corpus_file, **{"data.shuffle_buffer": 1})
+    prep = prepare(cfg, None)
+    longer = _batches(_cfg(corpus_file, **{"data.shuffle_buffer": 1, "steps": 9}), prep)
+    after = train_dataset(cfg, prep, after_run=3).create_tuple_iterator(num_epochs=1, output_numpy=True)
+    assert _same([(x, y) for x, y in after], longer[6:])
+
+
+def test_a_closed_gate_holds_the_pipeline_and_stops_its_storage_clock():
+    gate = data.DataGate()
+    source = data._IndexSource(count=10, first=0, samples=4, delay_s=0.05, gate=gate)
+    got = []
+    reader = data.threading.Thread(target=lambda: got.append(source[3]))
+    reader.start()
+    time.sleep(0.1)
+    assert not got  # closed: nothing read, however long the wait
+    gate.open()
+    t0 = time.monotonic()
+    time.sleep(0.02)
+    gate.close()  # 20 ms of the 50 ms latency served, then closed for 150 ms
+    time.sleep(0.15)
+    assert not got
+    gate.open()
+    reader.join(timeout=5)
+    assert got and int(got[0][0]) == 3
+    # latency counts open time only: ~50 ms open in ~200 ms of wall time
+    assert time.monotonic() - t0 >= 0.2 and 0.05 <= gate.open_seconds() < 0.15
+    assert data.OPEN_GATE.close() is None and data.OPEN_GATE.open_seconds() >= 0  # a run of its own: never closed
+    data.OPEN_GATE.wait()
+    import pickle
+    assert isinstance(pickle.loads(pickle.dumps(gate)), data._AlwaysOpen)  # a copy in a worker process
+
+
 # ------------------------------------------------------------------------------------------ validation
 
 def test_val_batches_fixed_and_shifted(corpus_file):
