@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from helpers.config import with_changes
-from helpers.spawn.paired import launch_pair
+from helpers.spawn.stepped import launch_stepped
 from helpers.spawn.runner import child_env
 from helpers.paired import Measurement, SpeedPlan, interval_of
 from helpers.tune.rounds import Workbook
@@ -56,7 +56,8 @@ def calibrate(cfg, probe: int = PROBE_WIDTH) -> dict:
     step-time factor per unit of width is taken as constant (a MatMul's cost grows linearly in its width)."""
     with tempfile.TemporaryDirectory() as tmp, LoadSampler() as load:
         heavy = with_changes(cfg, {"model.ballast": probe})
-        _, _, raw, error = launch_pair(cfg, heavy, Path(tmp), CALIBRATION.to_dict(), progress=False)
+        _, _, raw, error = launch_stepped(cfg, heavy, Path(tmp), CALIBRATION.to_dict(), lambda m: False,
+                                          progress=False)
     if error or not raw or len(raw["pairs"]) < CALIBRATION.max_pairs:
         raise RuntimeError(f"ballast calibration failed: {error or (raw or {}).get('reason')}")
     iv = interval_of(Measurement.from_raw(raw), CALIBRATION, 0.01)

@@ -125,28 +125,11 @@ def _run_msrun(cfg, out, progress) -> int:
     return 0 if record.status == "ok" else 3
 
 
-def cmd_pair(args) -> int:
-    """A paired round's training process (started by helpers/spawn/paired.py): both arms in this process."""
-    import json
-    from helpers.paired import SpeedPlan, stop_rule
-    from helpers.run.pair import run_pair
-    if not Path(args.request).is_file():
-        raise ConfigError(f"paired-round request {args.request!r} does not exist; pass the JSON file "
-                          f"helpers/spawn/paired.py wrote")
-    request = json.loads(Path(args.request).read_text(encoding="utf-8"))
-    ref, cand = load_config(request["reference"]), load_config(request["candidate"])
-    plan = SpeedPlan.from_dict(request["plan"])
-    out = run_pair(ref, cand, Path(request["folder"]), plan.block_steps, plan.max_pairs, stop_rule(plan),
-                   interleave=plan.interleave, profile_steps=request.get("profile_steps", 0))
-    return 0 if out["status"] != "failed" else 1
-
-
 def cmd_arm(args) -> int:
-    """One arm of a stepped round (started by helpers/spawn/stepped.py): steps when its parent asks."""
+    """One arm of a speed round (started by helpers/spawn/stepped.py): steps when its parent asks."""
     from helpers.run.arm import serve
     host, port = args.connect.rsplit(":", 1)
-    return serve(load_config(args.config), Path(args.out), args.arm, (host, int(port)), args.warmup,
-                 args.extra_steps)
+    return serve(load_config(args.config), Path(args.out), args.arm, (host, int(port)), args.extra_steps)
 
 
 def cmd_zygote(args) -> int:
@@ -276,16 +259,11 @@ def parser() -> argparse.ArgumentParser:
     add_progress_argument(r, default_progress)
     r.set_defaults(func=cmd_resume)
 
-    pr = sub.add_parser("pair", help="(internal) a paired round's process: reference and candidate in ABBA blocks")
-    pr.add_argument("--request", required=True, help="JSON: reference, candidate (config files), folder, plan")
-    pr.set_defaults(func=cmd_pair)
-
-    am = sub.add_parser("arm", help="(internal) one arm of a stepped round: a process that steps when asked")
+    am = sub.add_parser("arm", help="(internal) one arm of a speed round: a process that steps when asked")
     am.add_argument("--config", required=True)
     am.add_argument("--out", required=True)
     am.add_argument("--arm", required=True, choices=["reference", "candidate"])
     am.add_argument("--connect", required=True, help="host:port of the round's parent")
-    am.add_argument("--warmup", type=int, required=True, help="steps before the arm says it is ready")
     am.add_argument("--extra-steps", type=int, default=0, help="measurement-only steps allowed past its last")
     am.set_defaults(func=cmd_arm)
 

@@ -140,16 +140,13 @@ class SpeedPlan:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known})
 
 
-# The defaults of a round. Paired: 8 steps per arm per pair (a nano step is ~45–70 ms, so a pair is ~1 s), the two
-# arms' steps woven one by one (interleave "steps"): a slow stretch of the machine that starts mid-pair then lands
-# on both arms alike. Looks after 8 and 12 pairs carry almost all the error budget, so a quiet machine decides
-# there (an A/A stops at 12 with "no change" once its interval is inside ±3%); looks at 24 and 48 pairs are for a
-# busy machine, where only more pairs narrow the interval (roughly as 1/√pairs).
-PAIRED_PLAN = SpeedPlan(looks=(8, 12, 24, 48), alphas=(0.0025, 0.0055, 0.001, 0.001), interleave="steps",
-                        futility=0.03)
-# Process-wide variables (threads, mode, data.*): two long-lived arm processes take turns, step by step, the
-# same looks (helpers/spawn/stepped.py).
-PROCESS_PLAN = PAIRED_PLAN
+# The default plan: 8 steps per arm per pair (a nano step is ~70–90 ms when two arms take turns, so a pair is
+# ~1.4 s), the two arms' steps woven one by one (interleave "steps"): a slow stretch of the machine that starts
+# mid-pair then lands on both arms alike (back-to-back blocks measured ~3× the per-pair spread here). The spread of
+# one pair's log ratio, every step counted, was 2.2–5.4% (A/A rounds on nano, this 2-core machine); so a look at
+# 8 pairs (α 0.1%) decides only large changes, 16 pairs (0.4%) resolves ~±3%, and the last look at 32 (0.5%)
+# ~±2%, where an A/A ends unless its interval already lies inside ±2.5% at 16 (futility).
+PROCESS_PLAN = SpeedPlan(looks=(8, 16, 32), alphas=(0.001, 0.004, 0.005), interleave="steps", futility=0.025)
 # Data parallel paired rounds: every rank runs the last look's pairs (helpers/spawn/dp_worker.py; a stop taken
 # from one rank's times could leave the other in an all-reduce), so one look at 8 pairs spends the whole 1%, in
 # blocks of 4 steps: a DP step is ~100 ms here, and 8-step blocks cost every launch ~6 s more. Shorter blocks

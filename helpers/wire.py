@@ -6,40 +6,40 @@ not a message (a log line, a warning) returns None, so a reader can share a pipe
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 
 @dataclass
 class ArmReady:
-    """An arm process of a stepped round, built and warmed up (or failed doing so), to its parent.
-
-    warmup_ms: its warm-up steps' times; resident_bytes: its RSS after the warm-up and one validation pass;
-    status: "ok", or how its record ended ("failed", "nan", ...) with `reason`."""
+    """An arm process of a stepped round, built (model, optimizer, pipeline; nothing compiled yet) or failed
+    doing so, to its parent: status "ok", or "failed" with `reason`."""
     KIND = "arm_ready"
     arm: str
     pid: int
     status: str
     reason: str = ""
-    warmup_ms: list[float] = field(default_factory=list)
-    resident_bytes: int = 0
 
 
 @dataclass
 class StepRequest:
-    """Parent → arm: take `steps` more steps now (the arm's data gate is open meanwhile)."""
+    """Parent → arm: take `steps` more steps now (the arm's data gate is open meanwhile); warm=True: they are
+    its warm-up (compile included), followed by one validation pass that compiles the eval graph."""
     KIND = "step"
     steps: int
+    warm: bool = False
 
 
 @dataclass
 class StepResult:
-    """Arm → parent: the steps' times and data waits (ms), the record's latest loss (None before its first row)
-    and its status once the record ended ("" while it goes on, "ok" once finished, "nan", "stopped", ...)."""
+    """Arm → parent: the steps' times and data waits (ms), the record's latest loss (None before its first row),
+    its status once the record ended ("" while it goes on, "ok" once finished, "nan", "stopped", "failed", ...)
+    and its resident memory after the steps (bytes)."""
     KIND = "stepped"
     times_ms: list[float]
     waits_ms: list[float | None]
     loss: float | None = None
     ended: str = ""
+    rss_bytes: int = 0
 
 
 @dataclass

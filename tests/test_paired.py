@@ -63,7 +63,7 @@ def test_every_step_counts_stalls_and_waits_included():
         pairs.append((ref, cand))
         waits.append(([40.0 if j % 2 else 0.1 for j in range(8)], [0.1] * 8))
     m = Measurement(pairs, (100, 100), waits, [0.0] * 12)
-    out = conclude(m, paired.PAIRED_PLAN)
+    out = conclude(m, paired.PROCESS_PLAN)
     assert out.decision == "keep" and out.look.interval.ratio == pytest.approx(70 / 50, rel=0.01)
     p = out.parts
     assert p.compute_ratio == pytest.approx(1.0, abs=0.03)  # the fast ends agree: no faster compute
@@ -87,7 +87,7 @@ def test_an_intermittent_cost_is_seen():
                 times.append(50.0 + rng.normal(0, 0.3) + (extra if steps[arm] % 5 == 0 else 0.0))
             block[arm] = times
         pairs.append((block["r"], block["c"]))
-    out = conclude(Measurement(pairs, (1, 1)), paired.PAIRED_PLAN)
+    out = conclude(Measurement(pairs, (1, 1)), paired.PROCESS_PLAN)
     assert out.decision == "reject"
     assert out.look.interval.ratio_low <= 1 / 1.05 <= out.look.interval.ratio_high
 
@@ -176,7 +176,7 @@ def test_futility_stops_a_small_undecided_interval_before_the_last_look():
     assert (last.look.pairs, last.look.futile, last.budget_spent) == (16, False, True)
     with pytest.raises(ValueError, match="futility=0.01 must lie between the floor"):
         SpeedPlan(futility=0.01)
-    assert paired.PAIRED_PLAN.futility == 0.03 and paired.PAIRED_PLAN.interleave == "steps"
+    assert paired.PROCESS_PLAN.futility == 0.025 and paired.PROCESS_PLAN.interleave == "steps"
     assert paired.DP_PAIRED_PLAN.max_pairs == 8  # every data-parallel rank runs the last look's pairs
     assert sum(paired.DP_PAIRED_PLAN.alphas) == pytest.approx(0.01)
 
@@ -186,7 +186,7 @@ def test_sequential_looks_keep_the_aa_false_call_rate_at_most_one_percent(stall_
     """Simulated A/A rounds (no true difference; heavy-tailed step noise, t with 3 dof, and with stall_every the
     same data stall in both arms every few steps): the share called keep or reject over all looks stays ≤ 1%."""
     rng = np.random.default_rng(7)
-    plan = paired.PAIRED_PLAN
+    plan = paired.PROCESS_PLAN
     k = plan.block_steps
 
     def arm(n_pairs: int) -> list[list[float]]:
@@ -213,9 +213,9 @@ def test_plan_refuses_an_error_budget_above_one_percent_and_a_floor_above_one_pe
         SpeedPlan(looks=(12, 8), alphas=(0.005, 0.005))
     with pytest.raises(ValueError, match="interleave='pairs' must be one of blocks, steps"):
         SpeedPlan(interleave="pairs")
-    assert SpeedPlan.from_dict(paired.PAIRED_PLAN.to_dict()) == paired.PAIRED_PLAN
+    assert SpeedPlan.from_dict(paired.PROCESS_PLAN.to_dict()) == paired.PROCESS_PLAN
     # a plan stored before trimming by outside load (its "trim" meant trimming by value) still reads
-    assert SpeedPlan.from_dict({**paired.PAIRED_PLAN.to_dict(), "old_key": 1}) == paired.PAIRED_PLAN
+    assert SpeedPlan.from_dict({**paired.PROCESS_PLAN.to_dict(), "old_key": 1}) == paired.PROCESS_PLAN
 
 
 def test_measurement_from_a_paired_file():

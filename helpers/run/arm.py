@@ -1,13 +1,14 @@
-"""One arm of a stepped round: a long-lived training process that steps when its parent says so.
+"""One arm of a round: a long-lived training process that steps when its parent says so.
 
-Variables that are process-wide in MindSpore (op threads, execution mode, the data pipeline's process settings)
-cannot differ between two arms of one process, and whole runs in separate processes are measured minutes apart.
-So each arm is a process of its own, built and warmed up once, and the two take turns step by step
-(helpers/spawn/stepped.py): while one steps, the other waits on its socket, its input pipeline held by its data
-gate (data.DataGate), so it reads no batch ahead that a run of its own would have had to wait for.
+Each arm of a speed round is a process of its own (helpers/spawn/stepped.py): its own MindSpore context (so the
+arms may differ in process-wide settings: op threads, execution mode, the dataset engine's), its own memory (its
+peak is its own), and no other model in it. Two arms built in one process ran differently by the order they were
+compiled in: an A/A round leaned toward the arm compiled first (docs/reliability.md, "The speed rule"). While one
+arm steps, the other waits on its socket, frozen by its parent, its input pipeline held by its data gate
+(data.DataGate) so it reads no batch ahead that a run of its own would have had to wait for.
 
 Protocol (helpers/wire.py, one JSON line per message over a TCP socket on localhost): the arm connects, builds,
-warms up (`warmup` steps and one validation pass), sends ArmReady; then answers each StepRequest with a
+sends ArmReady; then answers each StepRequest (the first one its warm-up, with a validation pass after it) with a
 StepResult until a FinishRequest, which completes (or stops) its record and ends the process.
 """
 from __future__ import annotations
@@ -24,9 +25,9 @@ from helpers.run.train import Trainer
 from helpers.wire import ArmReady, FinishRequest, StepRequest, StepResult, decode, encode
 
 
-def serve(cfg: Config, run_dir: Path, arm: str, address: tuple[str, int], warmup: int, extra_steps: int) -> int:
-    """Build and warm up `cfg` into the record `run_dir`, then step on request; returns the exit code (0 ok,
-    1 when the record failed)."""
+def serve(cfg: Config, run_dir: Path, arm: str, address: tuple[str, int], extra_steps: int) -> int:
+    """Build `cfg` into the record `run_dir`, then step on request; returns the exit code (0 ok, 1 when the record
+    failed)."""
     _die_with_parent()
     trainer = Trainer(cfg, run_dir)
     trainer.gate, trainer.extra_steps = DataGate(), extra_steps
@@ -37,24 +38,35 @@ def serve(cfg: Config, run_dir: Path, arm: str, address: tuple[str, int], warmup
 
         try:
             trainer.start()
-            warm = trainer.step_block(warmup)
-            if trainer.outcome is None or trainer.outcome.status == "ok":
-                trainer.evaluate()  # compiles the eval graph, so the arm's memory high-water includes it
         except Exception as exc:  # the record says failed (Trainer._fail)
             send(ArmReady(arm, os.getpid(), "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
             return 1
-        status = trainer.outcome.status if trainer.outcome is not None and trainer.outcome.status != "ok" else "ok"
-        send(ArmReady(arm, os.getpid(), status, trainer.outcome.reason if status != "ok" else "", warm, rss_bytes()))
+        send(ArmReady(arm, os.getpid(), "ok"))
         for line in chan:
             message = decode(line)
             if isinstance(message, StepRequest):
-                times, waits = trainer.measure_block(message.steps)
-                rows = trainer.writer.rows
-                send(StepResult(times, waits, rows[-1]["loss"] if rows else None,
-                                trainer.outcome.status if trainer.outcome is not None else ""))
+                try:
+                    send(_step(trainer, message))
+                except Exception as exc:  # recorded as failed by Trainer._fail; the parent reads why
+                    send(StepResult([], [], None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"))
+                    return 1
             elif isinstance(message, FinishRequest):
                 return _finish(trainer, message)
         return _finish(trainer, FinishRequest(False, "the round's parent process went away"))
+
+
+def _step(trainer: Trainer, message: StepRequest) -> StepResult:
+    """The requested steps (a warm-up: then one validation pass, which compiles the eval graph, so the arm's
+    memory high-water includes everything a run of it allocates)."""
+    if message.warm:
+        times, waits = trainer.step_block(message.steps), list(trainer.block_waits)
+        if trainer.outcome is None or trainer.outcome.status == "ok":
+            trainer.evaluate()
+    else:
+        times, waits = trainer.measure_block(message.steps)
+    rows = trainer.writer.rows
+    ended = trainer.outcome.status if trainer.outcome is not None else ""
+    return StepResult(times, waits, rows[-1]["loss"] if rows else None, ended, rss_bytes())
 
 
 def _die_with_parent() -> None:

@@ -1,13 +1,11 @@
-"""Start a paired round's training process (`python -m helpers pair`, see helpers/run/pair.py) and read it back:
-both arms' run records and the block step times it wrote to `paired.json`.
-
-When the arms are data parallel, the paired process is every rank of one msrun launch (helpers/spawn/dp_worker.py
---pair): each rank runs both arms; afterwards each arm's ranks are merged into its record and the ranks' block
-times into paired.json (per step, the slowest rank's time, as in a data-parallel run's record)."""
+"""A paired round on a data-parallel best: both arms in every rank of one msrun launch (helpers/spawn/dp_worker.py
+--pair, helpers/run/pair.py), for what can only differ per compiled graph there (the all-reduce fusion; two msrun
+launches cannot take turns step by step). Afterwards each arm's ranks are merged into its record and the ranks'
+block times into paired.json (per step, the slowest rank's time, as in a data-parallel run's record). Every other
+speed round measures its arms as two processes taking turns (helpers/spawn/stepped.py)."""
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -18,19 +16,19 @@ from helpers.record import RecordError, load_run
 from helpers.spawn.live import publish
 from helpers.spawn.msrun import LOG_DIR, follow_msrun, msrun_command, msrun_executable, pick_port
 from helpers.spawn.rankmerge import merge_pairs, merge_ranks
-from helpers.spawn.runner import stream_child
 
 PAIRED_FILE = "paired.json"  # written by helpers/run/pair.py (the same name there)
 
 
 def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progress: bool = True,
-                desc: str | None = None, timeout_s: float | None = None, profile_steps: int = 0):
-    """Run both arms in one child process writing `folder`/reference, `folder`/candidate and `folder`/paired.json.
+                desc: str | None = None, profile_steps: int = 0):
+    """Run both data-parallel arms in one msrun launch writing `folder`/reference, `folder`/candidate and
+    `folder`/paired.json.
 
-    plan: a `paired.SpeedPlan` as a dict (block_steps, looks, alphas, …); profile_steps: a profiler window
-    per arm, in its warm-up (`run_pair`; data-parallel arms are profiled whenever their comm_profile_steps is
-    set, as a data-parallel run of their own is). Returns (reference record or
-    None, candidate record or None, the paired.json dict or None, error text ("" when the process left them)).
+    plan: a `paired.SpeedPlan` as a dict (block_steps, looks, alphas, …); profile_steps: a profiler window per
+    arm, in its warm-up (data-parallel arms are profiled whenever their comm_profile_steps is set, as a
+    data-parallel run of their own is). Returns (reference record or None, candidate record or None, the
+    paired.json dict or None, error text ("" when the launch left them)).
     """
     folder = absolute(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -42,18 +40,13 @@ def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progre
     request = folder / ".pair_request.json"
     request.write_text(json.dumps({**paths, "folder": str(folder), "plan": plan, "profile_steps": profile_steps}),
                        encoding="utf-8")
-    cmd = [sys.executable, "-m", "helpers", "pair", "--request", str(request)]
     bar, label = None, desc or folder.name
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=plan["looks"][-1], desc=label, unit="pair", leave=True)
-    ranks = reference.parallel.data_parallel > 1
-    log = folder / (LOG_DIR + "/worker_0.log" if ranks else "pair.log")
+    log = folder / LOG_DIR / "worker_0.log"
     try:
-        if ranks:
-            code = _run_ranks(reference, folder, request, lambda line: _show(bar, label, line))
-        else:
-            code = stream_child(cmd, log, lambda line: _show(bar, label, line), timeout_s)
+        code = _run_ranks(reference, folder, request, lambda line: _show(bar, label, line))
     finally:
         for p in [*paths.values(), request]:
             Path(p).unlink(missing_ok=True)
@@ -71,7 +64,7 @@ def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progre
         text = log.read_text(errors="replace") if log.is_file() else ""
         tail = text.strip().splitlines()[-1:] or ["(empty log)"]
         missing = [n for n, r in records.items() if r is None] + ([PAIRED_FILE] if raw is None else [])
-        error = f"the paired process exited {code} without {', '.join(missing)} ({tail[0][:300]})"
+        error = f"the msrun launch exited {code} without {', '.join(missing)} ({tail[0][:300]})"
     return records["reference"], records["candidate"], raw, error
 
 

@@ -1,16 +1,16 @@
-"""A stepped round: the two arms as two long-lived processes (helpers/run/arm.py) that take turns, step by step.
+"""A speed round's measurement: the two arms as two long-lived processes (helpers/run/arm.py) that take turns,
+step by step.
 
-For the variables that are process-wide in MindSpore (op threads, mode and jit level, the data pipeline's
-settings): each arm gets its own process, built and warmed up at the same time, then this parent asks one step
-of one arm, then of the other, in ABBA order inside each pair of K-step blocks, as a paired round does inside
-one process. Every step is timed by its own arm (from asking for the batch to the loss). Between its steps an arm
-is frozen (SIGSTOP to its process group, SIGCONT before its next step): MindSpore's op threads spin for a while
-after a step (measured here: ~13 ms of CPU after each step of a small graph, against none when steps follow each
-other), which in a run of its own overlaps nothing but would slow the other arm's step here; and its input
-pipeline cannot read ahead (its data gate also stops the simulated storage clock, data.DataGate). The pairs,
-each step's data wait and the CPU other processes used during each pair go to `paired.json` in the layout of
-helpers/run/pair.py, so one estimator (helpers/paired.py) reads both. Each arm's peak memory is its own
-process's.
+Each arm is a process of its own: built at the same time as the other (both compile at once on the two cores),
+then warmed up (one after the other when their warm-ups are profiled, so each op table holds its own arm alone).
+Then this parent asks one step of one arm, then of the other, in ABBA order inside each pair of K-step blocks,
+so whatever else the machine does lands on both arms alike. Every step is timed by its own arm (from asking for
+the batch to the loss). Between its steps an arm is frozen (SIGSTOP to its process group, SIGCONT before its
+next step): MindSpore's op threads spin for a while after a step (measured here: ~13 ms of CPU after each step of
+a small graph, against none when steps follow each other), which in a run of its own overlaps nothing but would
+slow the other arm here; and its input pipeline cannot read ahead (its data gate also stops the simulated
+storage clock, data.DataGate). The pairs, each step's data wait and the CPU other processes used during each pair
+go to `paired.json`, which the estimator (helpers/paired.py) reads. Each arm's peak memory is its own process's.
 
 Afterwards each arm completes its record (to its `steps`), one after the other, and exits.
 """
@@ -33,33 +33,32 @@ from helpers.paired import Measurement
 from helpers.paths import REPO_ROOT, absolute
 from helpers.record import RecordError, atomic_write_json, load_run
 from helpers.run.foreign import ForeignLoad
+from helpers.run.profile import window_steps, with_profiler
 from helpers.spawn.live import publish
 from helpers.spawn.runner import child_env
 from helpers.wire import ArmReady, FinishRequest, StepRequest, StepResult, decode, encode
 
 PAIRED_FILE = "paired.json"
 ARMS = ("candidate", "reference")
-READY_TIMEOUT_S = 600.0  # start, import, build, compile and warm-up of a big config on a loaded machine
+READY_TIMEOUT_S = 600.0  # start, import and build of a big config on a loaded machine
 
 
 class _Arm:
-    """The parent's side of one arm process: its process, socket and the lines it sends."""
+    """The parent's side of one arm process: its process, its socket, freezing and waking it."""
 
-    def __init__(self, name: str, cfg: Config, folder: Path, address: tuple[str, int], warmup: int, extra: int):
+    def __init__(self, name: str, cfg: Config, folder: Path, address: tuple[str, int], extra: int):
         self.name, self.cfg, self.run_dir = name, cfg, folder / name
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=folder, prefix=f".{name}.") as fh:
             fh.write(config_mod.dump(config_mod.absolute_paths(cfg)))
             self.request = Path(fh.name)
         cmd = [sys.executable, "-m", "helpers", "arm", "--config", str(self.request), "--out", str(self.run_dir),
-               "--arm", name, "--connect", f"{address[0]}:{address[1]}", "--warmup", str(warmup),
-               "--extra-steps", str(extra)]
+               "--arm", name, "--connect", f"{address[0]}:{address[1]}", "--extra-steps", str(extra)]
         with open(self.run_dir / "train.log", "ab") as log:
             # a process group of its own, so that a freeze reaches its map workers too
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                          env=child_env(), cwd=REPO_ROOT, start_new_session=True)
         self.chan = None
-        self.ready: ArmReady | None = None
 
     def send(self, message) -> None:
         self.chan.write(encode(message) + "\n")
@@ -81,15 +80,24 @@ class _Arm:
         except ProcessLookupError:
             pass  # it exited: the next read says how
 
-    def step(self) -> StepResult:
-        """One step of this arm, woken for it and frozen again after it."""
+    def ask(self, request: StepRequest) -> None:
         self.signal(signal.SIGCONT)
-        self.send(StepRequest(1))
+        self.send(request)
+
+    def answer(self) -> StepResult:
+        """The arm's StepResult, after which it is frozen again."""
         result = self.receive()
         self.signal(signal.SIGSTOP)
         if not isinstance(result, StepResult):
             raise RuntimeError(f"the {self.name} arm answered {type(result).__name__} to a step")
+        if result.ended.startswith("failed"):
+            raise RuntimeError(f"the {self.name} arm {result.ended}")
         return result
+
+    def step(self) -> StepResult:
+        """One step of this arm, woken for it and frozen again after it."""
+        self.ask(StepRequest(1))
+        return self.answer()
 
     def close(self, complete: bool, reason: str) -> int:
         """Tell the arm to complete (or stop) its record and wait for it to exit; its exit code."""
@@ -107,17 +115,17 @@ class _Arm:
 
 
 def _connect(listener: socket.socket, arms: dict[str, _Arm]) -> None:
-    """Accept each arm's connection and wait for its ArmReady (they build and warm up at the same time)."""
+    """Accept each arm's connection and wait until both are built (ArmReady), each then frozen."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     pending = dict(arms)
     waiting = {}  # socket → its line reader, until the arm's first message names it
     while pending:
-        dead = [a for a in pending.values() if a.proc.poll() is not None and a.chan is None]
+        dead = [a for a in pending.values() if a.proc.poll() is not None]
         if dead:
-            raise RuntimeError(f"the {dead[0].name} arm's process exited {dead[0].proc.returncode} before it "
-                               f"connected; see {dead[0].run_dir / 'train.log'}")
+            raise RuntimeError(f"the {dead[0].name} arm's process exited {dead[0].proc.returncode} before it was "
+                               f"built; see {dead[0].run_dir / 'train.log'}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the arms were not ready within {READY_TIMEOUT_S:g} s")
+            raise RuntimeError(f"the arms were not built within {READY_TIMEOUT_S:g} s")
         ready, _, _ = select.select([listener, *waiting], [], [], 0.5)
         for sock in ready:
             if sock is listener:
@@ -130,27 +138,52 @@ def _connect(listener: socket.socket, arms: dict[str, _Arm]) -> None:
             if not isinstance(message, ArmReady) or message.arm not in pending:
                 raise RuntimeError(f"an arm process sent {line.strip()[:120]!r} instead of being ready")
             arm = pending.pop(message.arm)
-            arm.chan, arm.ready = chan, message
+            arm.chan = chan
+            if message.status != "ok":
+                raise RuntimeError(f"the {arm.name} arm could not be built: {message.reason}")
+            arm.signal(signal.SIGSTOP)
+
+
+def _warm(arms: dict[str, _Arm], steps: int, apart: bool, out: dict) -> bool:
+    """Each arm's warm-up (compile, `steps` steps, a validation pass): both at once, or one after the other (apart:
+    their profiler windows must not see the other arm). Their resident memory after it goes to out["memory"].
+    False when an arm's record ended in it (a NaN, a monitor's stop): out says which."""
+    groups = [[a] for a in arms.values()] if apart else [list(arms.values())]
+    for group in groups:
+        for arm in group:
+            arm.ask(StepRequest(steps, warm=True))
+        for arm in group:
+            result = arm.answer()
+            out["warmup_ms"][arm.name] = result.times_ms
+            out["memory"][f"{arm.name}_resident_bytes"] = result.rss_bytes
+            if result.ended not in ("", "ok"):
+                out["status"], out["reason"] = "ended", f"the {arm.name} arm's record ended '{result.ended}' in its warm-up"
+    return out["status"] == "running"
 
 
 def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, stop: Callable[[Measurement], bool],
-                   progress: bool = True, desc: str | None = None):
+                   progress: bool = True, desc: str | None = None, profile_steps: int = 0):
     """Measure a round with its two arms in two processes taking turns (module docstring); both records go to
     `folder`/reference and `folder`/candidate, the pairs to `folder`/paired.json.
 
     plan: a paired.SpeedPlan as a dict (block_steps, looks, …); stop(measurement) → True ends the measurement
-    after a pair. Returns (reference record or None, candidate record or None, the paired.json dict or None,
-    error text ("" when both arms left their records)), as spawn.paired.launch_pair does.
+    after a pair; profile_steps: each arm gets a profiler window of that many steps right after its steady_after
+    (an arm whose config has a window keeps it), in its warm-up, the arms warmed one after the other. Returns
+    (reference record or None, candidate record or None, the paired.json dict or None, error text ("" when both
+    arms left their records)).
     """
     folder = absolute(folder)
     folder.mkdir(parents=True, exist_ok=True)
     k, max_pairs = plan["block_steps"], plan["looks"][-1]
-    warmup = max(c.steady_after for c in (reference, candidate))
-    # Each arm compiles cold, as in a paired process: MindSpore keys its cache by source files, two arms of one
-    # config would fill one folder at the same time, and the measurement-only steps lengthen the LR list, which
-    # the cache's key does not hold (a warm arm then failed in Gather past the old list's end).
-    cfgs = {"reference": with_changes(reference, {"compile_cache": False}),
-            "candidate": with_changes(candidate, {"compile_cache": False})}
+    # Each arm compiles cold: MindSpore keys its cache by source files, two arms of one config would fill one
+    # folder at the same time, and the measurement-only steps lengthen the LR list, which the cache's key does
+    # not hold (a warm arm then failed in Gather past the old list's end).
+    cfgs = {}
+    for name, cfg in (("reference", reference), ("candidate", candidate)):
+        if profile_steps and not cfg.monitor.profile_steps:
+            cfg = with_profiler(cfg, profile_steps)
+        cfgs[name] = with_changes(cfg, {"compile_cache": False})
+    warmup = max(max(c.steady_after, (window_steps(c) or (0, 0))[1]) for c in cfgs.values())
     out = {"path": "processes", "block_steps": k, "interleave": "steps", "max_pairs": max_pairs,
            "warmup_steps": warmup, "tokens_per_step": {n: c.tokens_per_step for n, c in cfgs.items()},
            "pairs": [], "waits": [], "foreign_cores": [], "first_in_pair": [], "status": "running", "reason": "",
@@ -162,24 +195,16 @@ def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, sto
         bar = tqdm(total=max_pairs, desc=label, unit="pair", leave=True)
     t0 = time.perf_counter()
     arms: dict[str, _Arm] = {}
-    error = ""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         try:
-            arms = {n: _Arm(n, cfgs[n], folder, listener.getsockname()[:2], warmup, warmup + k * max_pairs)
-                    for n in ARMS}
+            arms = {n: _Arm(n, cfgs[n], folder, listener.getsockname()[:2], warmup + k * max_pairs) for n in ARMS}
             _connect(listener, arms)
-            broken = [a for a in arms.values() if a.ready.status != "ok"]
-            for arm in arms.values():
-                out["warmup_ms"][arm.name] = arm.ready.warmup_ms
-                out["memory"][f"{arm.name}_resident_bytes"] = arm.ready.resident_bytes
-            if broken:
-                raise RuntimeError(f"the {broken[0].name} arm ended '{broken[0].ready.status}' in its warm-up: "
-                                   f"{broken[0].ready.reason}")
+            warm = _warm(arms, warmup, any(c.monitor.profile_steps for c in cfgs.values()), out)
             out["setup_s"] = time.perf_counter() - t0
-            _measure(arms, out, k, max_pairs, tokens, stop, bar, label)
-        except (RuntimeError, OSError) as exc:
-            out["status"], error = "failed", str(exc).splitlines()[0]
-            out["reason"] = error
+            if warm:
+                _measure(arms, out, k, max_pairs, tokens, stop, bar, label)
+        except (RuntimeError, OSError) as exc:  # an arm process that crashed or could not be built
+            out["status"], out["reason"] = "failed", str(exc).splitlines()[0]
         finally:
             if out["status"] == "running":
                 out["status"] = "ok"
@@ -200,8 +225,9 @@ def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, sto
             records[name] = load_run(folder / name)
         except RecordError:
             records[name] = None
-    if not error and None in records.values():
-        error = f"the {next(n for n, r in records.items() if r is None)} arm left no record"
+    missing = [n for n, r in records.items() if r is None]
+    # the records say how a run ended (a NaN, a failure): only a missing one makes the round's error
+    error = f"the {missing[0]} arm left no record ({out['reason'] or 'no reason recorded'})" if missing else ""
     return records["reference"], records["candidate"], out, error
 
 

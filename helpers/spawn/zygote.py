@@ -318,7 +318,6 @@ def serve(fd: int, run: Callable[[list[str]], int], listen_fd: int | None = None
     started, env = time.time(), dict(os.environ)  # before the imports: MindSpore's own adds LD_LIBRARY_PATH
     import mindspore  # noqa: F401  (the point: every child starts with it imported)
     import mindspore.dataset  # noqa: F401
-    import helpers.run.pair  # noqa: F401  (with it the estimator, helpers/paired.py, and scipy.special)
     import helpers.run.train  # noqa: F401
     owner = socket.socket(fileno=fd)
     listener = socket.socket(fileno=listen_fd) if listen_fd is not None else None

@@ -34,7 +34,7 @@ from helpers.config import Config, ConfigError
 from helpers.tune.diagnose import Diagnosis, diagnose
 from helpers.tune.ledger import RoundError
 from helpers.record import RunRecord
-from helpers.paired import DP_PAIRED_PLAN, PAIRED_PLAN, PROCESS_PLAN, RUNS_PLAN
+from helpers.paired import DP_PAIRED_PLAN, PROCESS_PLAN, RUNS_PLAN
 from helpers.tune.convergence import TIME_TO_TARGET
 from helpers.tune.lr_rule import DEFAULT_LR_RULE, SCALED
 from helpers.tune.rounds import Workbook, load_runs
@@ -325,13 +325,13 @@ def estimate_s(cand: Candidate, best: list[RunRecord], best_cfg: Config, overhea
         ref, run = overhead + base, overhead + base * cand.time_factor + cand.extra_s
         return pairs * (ref + run) * BUDGET_MARGIN, (f"up to {pairs} pairs of separate runs: {pairs}×({ref:.0f} s "
                                                       f"reference + {run:.0f} s candidate)×{BUDGET_MARGIN}")
-    plan = PROCESS_PLAN if path != PAIRED else DP_PAIRED_PLAN if best_cfg.parallel.data_parallel > 1 else PAIRED_PLAN
+    plan = DP_PAIRED_PLAN if path == PAIRED else PROCESS_PLAN
     pairs = plan.looks[min(1, len(plan.looks) - 1)]
     steps = best_cfg.steady_after + plan.block_steps * pairs
     step_s = statistics.median(r.summary.get("step_time_ms") or 0.0 for r in best) / 1000.0
     compile_s = statistics.median(r.summary.get("compile_s") or 0.0 for r in best)
     est = (overhead + 2 * compile_s + cand.extra_s + steps * step_s * (1 + cand.time_factor)) * BUDGET_MARGIN
-    where = "one paired process" if path == PAIRED else "two processes stepping in turns"
+    where = "both arms in one msrun launch" if path == PAIRED else "two processes stepping in turns"
     return est, (f"{where}: ({overhead:.0f} s start + 2 compiles of {compile_s:.1f} s + {steps} steps "
                  f"per arm at {1000 * step_s:.0f} ms × (1 + {cand.time_factor:g}), to {pairs} pairs)×{BUDGET_MARGIN}")
 

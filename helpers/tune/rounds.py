@@ -3,7 +3,7 @@
 A workbook folder:
     workbook.json            marks the folder; the rule's settings and the pinned baseline config
     baseline/run_K/          the baseline's `repeats` run records
-    rounds/NN_name/          a round: candidate/ and reference/ (paired: one process, paired.json) or
+    rounds/NN_name/          a round: candidate/ and reference/ (two arm processes, or one msrun launch; paired.json) or
                              candidate_K/ and reference_K/ runs (separate processes), speed.json, rollback/ point
     aa/NN/                   A/A checks: the current best as candidate_K/ and reference_K/
     ledger.jsonl             the journal, one fsync'd JSON line per event, never rewritten: the source of truth
@@ -39,8 +39,8 @@ from helpers.tune.ledger import Ledger, RoundError, WorkbookLock
 from helpers.record import (SUMMARY_FILE, RecordError, RunRecord, atomic_write_json, atomic_write_text, load_run,
                             median_summary, write_summary)
 from helpers.run.memory import default_memory_limit, memory_label
-from helpers.paired import (DP_PAIRED_PLAN, PAIRED_PLAN, PROCESS_PLAN, RUNS_PLAN, Measurement, SpeedPlan, conclude,
-                            should_stop, stop_rule)
+from helpers.paired import (DP_PAIRED_PLAN, PROCESS_PLAN, RUNS_PLAN, Measurement, SpeedPlan, conclude, should_stop,
+                            stop_rule)
 from helpers.spawn.paired import launch_pair
 from helpers.spawn.runner import launch
 from helpers.spawn.stepped import launch_stepped
@@ -91,6 +91,7 @@ class RoundResult:
     rollback: Path
     objective: str = "speed"  # "speed" (tokens/s rule), "convergence" (val loss at equal tokens, seeds) or
     # "time_to_target" (wall seconds to a val loss, seeds)
+    target: float | None = None  # a time-to-target round's validation loss (nats/token)
 
     @property
     def decision(self) -> str:
@@ -272,7 +273,8 @@ class Workbook:
                             reference_runs=[self.path / p for p in e["reference_runs"]],
                             candidate_runs=[self.path / p for p in e["candidate_runs"]],
                             verdict=Verdict.from_dict(e["verdict"]), override=overrides.get(e["round"]),
-                            rollback=self.path / e["rollback"], objective=e.get("objective", "speed"))
+                            rollback=self.path / e["rollback"], objective=e.get("objective", "speed"),
+                            target=e.get("target"))
                 for e in entries if e["event"] == "round"]
 
     # ----- writing ----------------------------------------------------------------------------------------
@@ -328,19 +330,19 @@ class Workbook:
     def _measure_speed(self, cand_cfg: Config, ref_cfg: Config, changes: dict, folder: Path, label: str,
                        progress: bool, profile_steps: int = 0,
                        path: str | None = None) -> tuple[list[RunRecord], list[RunRecord], str, dict]:
-        """Measure a speed round the way its variable allows (`speed_path`, or `path` when given): paired steps in
-        one process, two processes stepping in turns, or ABBA pairs of whole runs; each adds pairs until a look
-        decides or the budget (the plan's last look) ends. Writes speed.json (path, plan, every pair's step
-        times, waits and outside load: the verdict can be recomputed from it); returns (candidates, references,
-        error, speed)."""
+        """Measure a speed round the way its variable allows (`speed_path`, or `path` when given): two processes
+        stepping in turns, both arms in each rank of one msrun launch (data parallel), or ABBA pairs of whole runs;
+        each adds pairs until a look decides or the budget (the plan's last look) ends. Writes speed.json (path,
+        plan, every pair's step times, waits and outside load: the verdict can be recomputed from it); returns
+        (candidates, references, error, speed)."""
         auto, why = speed_path(changes, ref_cfg)
         if path is not None and path != auto:
             why = f"{path} asked for (the variable's own path: {auto})"
         path = path or auto
-        if not changes and path == PAIRED:
-            why = "an A/A check: the best against itself, both in one process"
-        plan = {PAIRED: DP_PAIRED_PLAN if ref_cfg.parallel.data_parallel > 1 else PAIRED_PLAN,
-                PROCESSES: PROCESS_PLAN, RUNS: RUNS_PLAN}[path]
+        if path == PAIRED and ref_cfg.parallel.data_parallel == 1:
+            raise RoundError("path='paired' measures a data-parallel best inside its msrun ranks; this best is one "
+                             "process: use path='processes' (the default) or 'runs'")
+        plan = {PAIRED: DP_PAIRED_PLAN, PROCESSES: PROCESS_PLAN, RUNS: RUNS_PLAN}[path]
         t0 = time.perf_counter()
         speed = {"path": path, "why": why, "plan": plan.to_dict(),
                  "tokens_per_step": {"reference": ref_cfg.tokens_per_step, "candidate": cand_cfg.tokens_per_step}}
@@ -353,7 +355,7 @@ class Workbook:
                                                     profile_steps=profile_steps)
             else:
                 ref, cand, raw, error = launch_stepped(ref_cfg, cand_cfg, folder, plan.to_dict(), stop_rule(plan),
-                                                       progress, label)
+                                                       progress, label, profile_steps=profile_steps)
             cands, refs = [r for r in [cand] if r], [r for r in [ref] if r]
             if raw is not None:
                 speed.update({k: raw.get(k) for k in ("pairs", "waits", "foreign_cores", "setup_s", "measure_s",
@@ -502,8 +504,8 @@ class Workbook:
         """Train the current best + `changes` against the current best, judge, record, save a rollback point.
 
         objective="speed": the candidate against a rerun of the current best, measured the way the variable
-        allows (`_measure_speed`: paired steps in one process, two processes stepping in turns, or pairs of
-        whole runs) until the interval decides or the plan's budget ends, judged by `rules.judge`.
+        allows (`_measure_speed`: two processes stepping in turns, both arms in each rank of one msrun launch, or
+        pairs of whole runs) until the interval decides or the plan's budget ends, judged by `rules.judge`.
         objective="convergence": `seeds` runs per arm, run k of both arms with seed best.seed + k − 1, judged on
         validation loss at equal tokens against the seed band (`rules.judge_convergence`; `target` = the val loss
         for time-to-target, default the level every reference seed reached). objective="time_to_target": `seeds`
@@ -519,9 +521,10 @@ class Workbook:
         that sets lr itself overrides it; helpers/tune/lr_rule.py): the verdict says how. A speed round on a
         convergence variable (lr, warmup, ...) or on the global batch warns: tokens/s cannot judge it. `why` (one
         paragraph) and `reasoning` (e.g. the auto-tuner's diagnosis and cost estimate) say why the round was run;
-        both go into its ledger entry. profile_steps (speed, paired path): each arm's record gets a profiler window
-        of that many steps, taken in its warm-up before the blocks (`pair.run_pair`); on the other paths no run
-        is profiled (`fusion.profile_arms` then trains profiled ones).
+        both go into its ledger entry. profile_steps (speed; two processes or msrun): each arm's record gets a
+        profiler window of that many steps, taken in its warm-up before the blocks while the other arm waits
+        (`stepped.launch_stepped`, `pair.run_pair`); on whole runs no run is profiled (`fusion.profile_arms` then
+        trains profiled ones).
         """
         if objective not in OBJECTIVES:
             raise RoundError(f"objective={objective!r} is not allowed; choose one of {', '.join(OBJECTIVES)}")
@@ -646,8 +649,9 @@ class Workbook:
         """Run the current best as both candidate and reference (interleaved) and judge it by the same rule.
 
         An honest rule says "no change" here; anything else means the band is too tight for this machine's
-        noise right now. path: how to measure ("paired", the default; "processes": two processes stepping in
-        turns; "runs": whole runs), so each way a round can measure can be checked. Recorded in the ledger
+        noise right now. path: how to measure (default: the best's own, `speed_path`; "processes": two processes
+        stepping in turns; "runs": whole runs; "paired": both in each msrun rank of a data-parallel best), so
+        each way a round can measure can be checked. Recorded in the ledger
         (event aa_check, with its path); the best does not move.
         """
         with self._lock.hold():

@@ -1,10 +1,12 @@
-"""Which way a speed round measures, per variable: paired steps in one process, two processes taking turns
-step by step, or whole runs in separate processes.
+"""Which way a speed round measures, per variable: two arm processes taking turns step by step (the default),
+both arms in each rank of one msrun launch (the all-reduce fusion of a data-parallel best), or whole runs.
 
-Paired (helpers/run/pair.py) is the default: both arms in one process, their steps woven ABBA. A variable that
-is process-wide in MindSpore (the two arms could not differ inside one process) takes two long-lived processes
-that step in turns (helpers/spawn/stepped.py). Whole runs in separate processes remain for what only a run of its
-own shows: the compile cache (its effect is at start-up), msrun's data-parallel processes and the profiler.
+Processes (helpers/spawn/stepped.py): each arm a process of its own, so the arms may differ in what MindSpore
+sets once per process (op threads, the execution mode, the dataset engine) and no arm runs beside another model
+(two arms built in one process ran differently by the order they were compiled in: docs/reliability.md). Paired
+(helpers/spawn/paired.py): what differs per compiled graph in a data-parallel run, both arms in every rank of
+one msrun launch (two launches cannot take turns step by step). Whole runs remain for what only a run of its own
+shows: the compile cache (its effect is at start-up), msrun's data-parallel processes and the profiler.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from helpers.config import Config, all_keys
 
 PAIRED, PROCESSES, RUNS = "paired", "processes", "runs"
 
-# key or section prefix → why it needs a process per arm (the two arms then step in turns)
+# key or section prefix → why two arms could not differ in it inside one process
 PROCESS_GLOBAL = {
     "mode": "the execution mode is process-wide (ms.set_context)",
     "jit_level": "grouped with mode, which is process-wide",
@@ -43,23 +45,24 @@ def _match(key: str, table: dict[str, str]) -> str:
 
 
 def _why(key: str) -> tuple[str, str]:
-    """(path, why) of one key; ("", "") when two arms can differ in it inside one process."""
+    """(path, why) of one key on a one-process best: RUNS with why, else PROCESSES with why ("" for a model,
+    batch or optimizer key)."""
     if key in PER_GRAPH:
-        return "", ""
+        return RUNS, "all-reduce fusion only exists in a data-parallel run (msrun processes)"
     for path, table_ in ((RUNS, RUN_GLOBAL), (PROCESSES, PROCESS_GLOBAL)):
         why = _match(key, table_)
         if why:
             return path, why
-    return "", ""
+    return PROCESSES, ""
 
 
 def path_of(key: str) -> str:
-    """PAIRED, PROCESSES or RUNS for one config key (dotted, e.g. 'model.n_layer')."""
-    return _why(key)[0] or PAIRED
+    """PROCESSES or RUNS for one config key (dotted, e.g. 'model.n_layer') on a one-process best."""
+    return _why(key)[0]
 
 
 def table() -> dict[str, str]:
-    """Every config key → its path (what the README and the tests list)."""
+    """Every config key → its path on a one-process best (what the README and the tests list)."""
     return {key: path_of(key) for key in all_keys()}
 
 
@@ -69,24 +72,21 @@ def speed_path(changes: dict, best: Config) -> tuple[str, str]:
     Whole runs (RUNS) when a changed key needs a run of its own (RUN_GLOBAL), when the best is data parallel
     and the change is not one of the all-reduce fusion keys (PER_GRAPH: those are paired inside each rank of one
     msrun launch), or when its runs are profiled (one profiler per process, one op table per run); else two
-    processes stepping in turns (PROCESSES) when a changed key is process-wide (PROCESS_GLOBAL); else paired.
-    A paired process compiles without the compile cache (helpers/run/pair.py).
+    processes stepping in turns (PROCESSES).
     """
-    whys = {k: _why(k) for k in changes}
-    runs = [f"{k}: {why}" for k, (path, why) in whys.items() if path == RUNS]
     dp = best.parallel.data_parallel > 1
+    whys = {k: _why(k) for k in changes if not (dp and k in PER_GRAPH)}
+    runs = [f"{k}: {why}" for k, (path, why) in whys.items() if path == RUNS]
     if dp and not set(changes) <= PER_GRAPH:
         runs.append("the best config is data parallel (msrun processes)")
-    if not dp and set(changes) & PER_GRAPH:
-        runs.append("all-reduce fusion only exists in a data-parallel run (msrun processes)")
     if best.monitor.profile_steps:
         runs.append("every run of the best is profiled, and the profiler is process-wide")
     if runs:
         return RUNS, "; ".join(runs)
-    processes = [f"{k}: {why}" for k, (path, why) in whys.items() if path == PROCESSES]
-    if processes:
-        return PROCESSES, "; ".join(processes) + " — two long-lived processes take turns, step by step"
+    ranks = f"both arms in each of the {best.parallel.data_parallel} ranks of one msrun launch"
     if dp:
-        return PAIRED, (f"{', '.join(changes)} is fixed when each arm's step graph is compiled: both arms in each "
-                        f"of the {best.parallel.data_parallel} ranks of one msrun launch")
-    return PAIRED, f"{', '.join(changes)} can differ between two models of one process"
+        return PAIRED, (f"{', '.join(changes)} is fixed when each arm's step graph is compiled: {ranks}" if changes
+                        else f"an A/A check: {ranks}")
+    wide = [f"{k}: {why}" for k, (_, why) in whys.items() if why]
+    return PROCESSES, ("; ".join(wide) + "; " if wide else "") + ("each arm a process of its own, the two taking "
+                                                                   "turns step by step")

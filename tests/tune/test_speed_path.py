@@ -23,7 +23,7 @@ def test_a_round_takes_the_path_of_its_most_demanding_key():
     best = from_dict({})
     assert speed_path({"batch_size": 16}, best)[0] == PAIRED
     path, why = speed_path({"mode": "pynative", "jit_level": "none"}, best)
-    assert path == PROCESSES and "process-wide" in why and "take turns" in why
+    assert path == PROCESSES and "process-wide" in why and "taking turns" in why
     assert speed_path({"threads": 1}, best)[0] == PROCESSES
     assert speed_path({"data.num_parallel_workers": 2}, best)[0] == PROCESSES
     assert speed_path({"compile_cache": False}, best)[0] == RUNS

@@ -66,13 +66,14 @@ def test_op_table_shift_shows_strided_slices_vanish(tmp_path, small_corpus):
 
 def test_fusion_notebook_shows_the_op_shift_next_to_tokens_per_s(notebooks_run):
     """Notebook 12 as a user runs it (the shared run of every notebook with its defaults: the native-kernels
-    round, judged paired, each arm profiled in the round's process): the round's verdict in tokens/s, its
-    op-table shift and its plot in the outputs; profile_arms returns the round's records and trains nothing."""
+    round, its two arm processes taking turns, each arm profiled in its own warm-up): the round's verdict in
+    tokens/s, its op-table shift and its plot in the outputs; profile_arms returns the round's records and trains
+    nothing."""
     root, failures = notebooks_run
     assert "12_operator_fusion" not in failures, failures
     (result,) = Workbook.open(study_dir(root / "workbooks" / "default", "fusion")).rounds()
     assert result.changes == {"model.kernels": ("mindspore", "native")} and "tokens/s" in result.verdict.reason
-    assert result.verdict.path == "paired"
+    assert result.verdict.path == "processes"
     flags = set(round_op_shift(result)["flag"])
     assert {"vanished", "new"} <= flags  # MindSpore's LayerNorm/GeLU ops leave, the custom kernels arrive
     ref, cand = profile_arms(result, progress=False)  # the round's own records, profiled in its warm-ups
