@@ -184,3 +184,31 @@ def val_loss_tokens_plot(groups: dict[str, list[RunRecord]], at_tokens: float | 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+def step_parts_plot(results: list) -> Figure:
+    """Where each arm's mean step went in each speed round (ms): its fast end (what a step costs when nothing
+    stalls it), its data wait and its other stalls, stacked; the verdict's tokens/s ratio counts all three."""
+    rounds = [r for r in results if getattr(r.verdict, "parts", None)]
+    fig, (ax,) = _figure(height=1.2 + 0.9 * max(1, len(rounds)))
+    labels, y = [], 0.0
+    for r in rounds:
+        for arm in ("reference", "candidate"):
+            p = r.verdict.parts[arm]
+            wait = (p["data_wait_share"] or 0.0) * p["mean_ms"]
+            other = max(0.0, p["mean_ms"] - p["fast_end_ms"] - wait)
+            left = 0.0
+            for width, color, name in ((p["fast_end_ms"], COLORS[0], "fast end"), (wait, COLORS[1], "data wait"),
+                                       (other, COLORS[3], "other stalls")):
+                ax.barh(y, width, left=left, color=color, label=name if not labels else None)
+                left += width
+            labels.append(f"{r.name}: {arm}")
+            y += 1
+        y += 0.5
+    ax.set_yticks([i + 0.5 * (i // 2) for i in range(len(labels))], labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel="mean step (ms)", title="Where each arm's step time goes")
+    ax.grid(axis="x", alpha=0.3)
+    if labels:
+        ax.legend(fontsize=8, loc="lower right")
+    return fig

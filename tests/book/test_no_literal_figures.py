@@ -61,29 +61,11 @@ def notebook_hits(path) -> list[str]:
             for i, c in enumerate(cells) for form, match, sentence in typed_outcomes("".join(c["source"]))]
 
 
-# Notebooks another engineer is rewriting (not edited in issue 26): their flagged lines today, pinned so that any new
-# typed figure still fails. Whoever lands the rewrite empties the entry (a stale entry fails as well).
-PENDING_REWRITE = {
-    "02_data_pipeline": [
-        "cell 6 (markdown): magnitude words 'thousands of' in «On this CPU the default pipeline (pre-tokenized text, "
-        "one map worker) produces thousands of samples per second,»",
-        "cell 6 (markdown): magnitude words 'fraction of' in «far more than training consumes: the wait is a "
-        "fraction of a percent, and a data round on the main workbook»",
-        "cell 8 (markdown): outcome word 'beat' in «On 2 cores threads beat `python_multiprocessing=True` "
-        "(processes pay pickling for every sample), and mo»",
-    ],
-    "05_batch_size": [],
-}
-
-
 @pytest.mark.parametrize("notebook", sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
 def test_notebook_sources_type_in_no_figures_or_verdicts(notebook):
     hits = notebook_hits(notebook)
-    expected = PENDING_REWRITE.get(notebook.stem, [])
-    assert hits == expected, (f"{notebook.name}: typed figures or outcomes (compute them in a cell from the run "
-                              f"records, or cut them):\n" + "\n".join(hits)
-                              + (f"\n(pending its rewrite, tests/book/test_no_literal_figures.py expects exactly:\n"
-                                 + "\n".join(expected) + ")" if expected else ""))
+    assert not hits, (f"{notebook.name}: typed figures or outcomes (compute them in a cell from the run records, or "
+                      f"cut them):\n" + "\n".join(hits))
 
 
 # The sentences issue 26 found in the notebooks (copies, as they stood): the check must refuse every one.
