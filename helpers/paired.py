@@ -18,9 +18,9 @@ dropped whole, at most `trim` of the pairs. Which pairs go is decided by that ou
 the pair's own times, so no arm's own stalls can be trimmed away (trimming the slowest ratios, as this module
 once did with the blocks' 2nd-fastest steps, dropped exactly those: see docs/reliability.md, "The speed rule").
 
-Beside the ratio, `parts` splits each arm's mean step into its fast end (the `rank`-th fastest step of each
-block: what a step costs when nothing stalls it) and its stall share (the time above that fast end, data waits
-named where they were measured), so a verdict can say *why*: "compute ×1.00; stalls 17% → 0.3%".
+Beside the ratio, `parts` splits each arm's mean step into its data wait (where measured), its compute (the
+`rank`-th fastest of each block's steps less their waits: what a step costs when nothing stalls it) and its
+stalls (the rest above that fast end), so a verdict can say *why*: "compute ×1.00; data wait 17% → 0.3%".
 
 Sequential looks: at the j-th look (after `looks[j]` pairs) the interval is two-sided at level 1 − alphas[j];
 Σ alphas ≤ 0.01, so by the union bound the chance that *any* look's interval misses the true ratio — the only
@@ -224,54 +224,56 @@ def interval_of(m: Measurement, plan: SpeedPlan, alpha: float) -> Interval:
 
 @dataclass(frozen=True)
 class ArmParts:
-    """Where one arm's step time goes over the pairs kept (ms per step; shares of its mean step)."""
-    mean_ms: float        # what the ratio counts: the mean of every measured step
-    fast_end_ms: float    # median over blocks of the rank-th fastest step
-    stall_share: float    # (mean − fast end) ÷ mean: time above the fast end, waits and stalls
+    """Where one arm's mean step goes, over the pairs kept (ms per step; shares of its mean step): its data wait
+    (where measured), its compute (the fast end of the rest: what a step costs when nothing stalls it) and its
+    stalls (the rest above that fast end: interference, intermittent work, jitter). The three add up to mean_ms."""
+    mean_ms: float              # what the ratio counts: the mean of every measured step
+    compute_ms: float           # median over blocks of the rank-th fastest (step − data wait)
+    stall_share: float          # (mean − data wait − compute) ÷ mean
     data_wait_share: float | None  # Σ data wait ÷ Σ step time, where measured
-
-    @property
-    def tokens_per_s_factor(self) -> float:
-        return 1000.0 / self.mean_ms
 
 
 @dataclass(frozen=True)
 class Parts:
-    """Both arms' parts and the fast-end ("compute") ratio in tokens/s: why the throughput ratio is what it is."""
+    """Both arms' parts and the compute ratio in tokens/s (at each arm's fast end): why the throughput ratio is
+    what it is."""
     reference: ArmParts
     candidate: ArmParts
-    compute_ratio: float  # candidate ÷ reference tokens/s at each arm's fast end
+    compute_ratio: float  # candidate ÷ reference tokens/s at each arm's compute
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def text(self) -> str:
-        """e.g. "compute ×1.002 (fast-end step 50.1 → 50.0 ms); stalls 17.2% → 0.3% (data wait 17.0% → 0.2%)"."""
+        """e.g. "compute ×1.002 (fast-end work 50.1 → 50.0 ms a step); stalls 3.2% → 2.9%, data wait 17.0% →
+        0.2% of the mean step"."""
         r, c = self.reference, self.candidate
         waits = ("" if r.data_wait_share is None or c.data_wait_share is None else
-                 f" (data wait {r.data_wait_share:.1%} → {c.data_wait_share:.1%})")
-        return (f"compute ×{self.compute_ratio:.3f} (fast-end step {r.fast_end_ms:.1f} → {c.fast_end_ms:.1f} ms); "
-                f"stalls {r.stall_share:.1%} → {c.stall_share:.1%} of the mean step{waits}")
+                 f", data wait {r.data_wait_share:.1%} → {c.data_wait_share:.1%}")
+        return (f"compute ×{self.compute_ratio:.3f} (fast-end work {r.compute_ms:.1f} → {c.compute_ms:.1f} ms a "
+                f"step); stalls {r.stall_share:.1%} → {c.stall_share:.1%}{waits} of the mean step")
 
 
 def parts(m: Measurement, plan: SpeedPlan) -> Parts:
-    """Each arm's mean step, fast end, stall share and data-wait share over the pairs `kept_pairs` keeps."""
+    """Each arm's mean step, compute, stall and data-wait shares over the pairs `kept_pairs` keeps."""
     keep = kept_pairs(m.foreign_cores, len(m), plan.trim, plan.foreign_limit)
     arms = []
     for side in (0, 1):
         blocks = [p[side] for p, k in zip(m.pairs, keep) if k]
-        times = [t for b in blocks for t in b]
-        mean = statistics.fmean(times)
-        fast = statistics.median(fast_end(b, plan.rank) for b in blocks)
         waits = None
         if m.waits is not None:
             got = [w[side] for w, k in zip(m.waits, keep) if k]
-            if all(g is not None for g in got):
-                waits = sum(sum(g) for g in got) / sum(times)
-        arms.append(ArmParts(mean, fast, max(0.0, 1 - fast / mean), waits))
+            if all(g is not None and None not in g for g in got):
+                waits = got
+        work = [[t - w for t, w in zip(b, wb)] for b, wb in zip(blocks, waits)] if waits else blocks
+        total = sum(sum(b) for b in blocks)
+        mean = total / sum(len(b) for b in blocks)
+        compute = statistics.median(fast_end(b, plan.rank) for b in work)
+        wait_share = sum(sum(w) for w in waits) / total if waits else None
+        stall = max(0.0, 1 - (compute / mean) - (wait_share or 0.0))
+        arms.append(ArmParts(mean, compute, stall, wait_share))
     ref, cand = arms
-    compute = (m.tokens[1] / cand.fast_end_ms) / (m.tokens[0] / ref.fast_end_ms)
-    return Parts(ref, cand, compute)
+    return Parts(ref, cand, (m.tokens[1] / cand.compute_ms) / (m.tokens[0] / ref.compute_ms))
 
 
 def decide(interval: Interval, floor: float) -> str | None:

@@ -66,10 +66,13 @@ def test_every_step_counts_stalls_and_waits_included():
     out = conclude(m, paired.PROCESS_PLAN)
     assert out.decision == "keep" and out.look.interval.ratio == pytest.approx(70 / 50, rel=0.01)
     p = out.parts
-    assert p.compute_ratio == pytest.approx(1.0, abs=0.03)  # the fast ends agree: no faster compute
-    assert p.reference.stall_share == pytest.approx(20 / 70, abs=0.02) and p.candidate.stall_share < 0.02
-    assert p.reference.data_wait_share == pytest.approx(20.05 / 70, abs=0.01)
-    assert "stalls 28." in p.text() and "data wait" in p.text()
+    assert p.compute_ratio == pytest.approx(1.0, abs=0.03)  # the work of a step is the same: the waits differ
+    assert p.reference.data_wait_share == pytest.approx(20.05 / 70, abs=0.01) and p.candidate.data_wait_share < 0.01
+    assert p.reference.stall_share < 0.03 and p.candidate.stall_share < 0.03
+    assert "compute ×" in p.text() and "data wait 28." in p.text()
+    # unmeasured waits: the same slow steps count as stalls
+    bare = parts(Measurement(pairs, (100, 100)), paired.PROCESS_PLAN)
+    assert bare.reference.data_wait_share is None and bare.reference.stall_share == pytest.approx(20 / 70, abs=0.02)
 
 
 def test_an_intermittent_cost_is_seen():
@@ -109,15 +112,19 @@ def test_trimming_looks_only_at_outside_load():
 
 
 def test_parts_by_hand():
-    # one pair of 4 steps each: ref [10, 10, 10, 30] (fast end = 2nd fastest = 10, mean 15 → stalls 1/3),
-    # cand [10, 11, 12, 11] (fast end 11, mean 11 → stalls 0); waits ref [0, 0, 0, 20], cand [1, 1, 1, 1]
-    m = Measurement([([10.0, 10.0, 10.0, 30.0], [10.0, 11.0, 12.0, 11.0])], (100, 100),
-                    [([0.0, 0.0, 0.0, 20.0], [1.0, 1.0, 1.0, 1.0])], None)
+    # one pair of 4 steps each. ref [10, 10, 10, 30] ms, no waits: compute = 2nd fastest = 10, mean 15, stalls 1/3;
+    # cand [12, 11, 14, 11] ms with waits [1, 0, 1, 0]: work [11, 11, 13, 11] → compute 11, mean 12, data wait
+    # 2/48, stalls 1 − 11/12 − 2/48 = 1/24
+    m = Measurement([([10.0, 10.0, 10.0, 30.0], [12.0, 11.0, 14.0, 11.0])], (100, 100),
+                    [([0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0])], None)
     p = parts(m, SpeedPlan(block_steps=4))
-    assert (p.reference.mean_ms, p.reference.fast_end_ms) == (15.0, 10.0)
-    assert p.reference.stall_share == pytest.approx(1 / 3) and p.candidate.stall_share == pytest.approx(0.0)
-    assert p.reference.data_wait_share == pytest.approx(20 / 60) and p.candidate.data_wait_share == pytest.approx(4 / 44)
+    assert (p.reference.mean_ms, p.reference.compute_ms) == (15.0, 10.0)
+    assert p.reference.stall_share == pytest.approx(1 / 3) and p.reference.data_wait_share == 0.0
+    assert (p.candidate.mean_ms, p.candidate.compute_ms) == (12.0, 11.0)
+    assert p.candidate.data_wait_share == pytest.approx(2 / 48) and p.candidate.stall_share == pytest.approx(1 / 24)
     assert p.compute_ratio == pytest.approx(10 / 11)
+    assert p.text() == ("compute ×0.909 (fast-end work 10.0 → 11.0 ms a step); stalls 33.3% → 4.2%, data wait "
+                        "0.0% → 4.2% of the mean step")
 
 
 def test_thresholds_keep_reject_no_change_and_undecided():

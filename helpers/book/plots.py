@@ -187,8 +187,9 @@ def val_loss_tokens_plot(groups: dict[str, list[RunRecord]], at_tokens: float | 
 
 
 def step_parts_plot(results: list) -> Figure:
-    """Where each arm's mean step went in each speed round (ms): its fast end (what a step costs when nothing
-    stalls it), its data wait and its other stalls, stacked; the verdict's tokens/s ratio counts all three."""
+    """Where each arm's mean step went in each speed round (ms): its compute (the fast end of its steps less
+    their data wait: what a step costs when nothing stalls it), its data wait and its other stalls, stacked; the
+    verdict's tokens/s ratio counts all three."""
     rounds = [r for r in results if getattr(r.verdict, "parts", None)]
     fig, (ax,) = _figure(height=1.2 + 0.9 * max(1, len(rounds)))
     labels, y = [], 0.0
@@ -196,10 +197,9 @@ def step_parts_plot(results: list) -> Figure:
         for arm in ("reference", "candidate"):
             p = r.verdict.parts[arm]
             wait = (p["data_wait_share"] or 0.0) * p["mean_ms"]
-            other = max(0.0, p["mean_ms"] - p["fast_end_ms"] - wait)
             left = 0.0
-            for width, color, name in ((p["fast_end_ms"], COLORS[0], "fast end"), (wait, COLORS[1], "data wait"),
-                                       (other, COLORS[3], "other stalls")):
+            for width, color, name in ((p["compute_ms"], COLORS[0], "compute"), (wait, COLORS[1], "data wait"),
+                                       (p["stall_share"] * p["mean_ms"], COLORS[3], "other stalls")):
                 ax.barh(y, width, left=left, color=color, label=name if not labels else None)
                 left += width
             labels.append(f"{r.name}: {arm}")
