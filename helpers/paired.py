@@ -143,10 +143,10 @@ class SpeedPlan:
 # The default plan: 8 steps per arm per pair (a nano step is ~70–90 ms when two arms take turns, so a pair is
 # ~1.4 s), the two arms' steps woven one by one (interleave "steps"): a slow stretch of the machine that starts
 # mid-pair then lands on both arms alike (back-to-back blocks measured ~3× the per-pair spread here). The spread of
-# one pair's log ratio, every step counted, was 2.2–5.4% (A/A rounds on nano, this 2-core machine); so a look at
-# 8 pairs (α 0.1%) decides only large changes, 16 pairs (0.4%) resolves ~±3%, and the last look at 32 (0.5%)
-# ~±2%, where an A/A ends unless its interval already lies inside ±2.5% at 16 (futility).
-PROCESS_PLAN = SpeedPlan(looks=(8, 16, 32), alphas=(0.001, 0.004, 0.005), interleave="steps", futility=0.025)
+# one pair's log ratio, every step counted, was 2.2–5.4% (A/A rounds on nano, this 2-core machine); so the first
+# look at 12 pairs (α 0.2%) resolves about ±5%, 20 pairs (0.4%) ~±2.7%, and the last look at 28 (0.4%) ~±2.2%
+# — about 40 s of a nano round's steps — where an A/A ends unless its interval lies inside ±2.5% at 20 (futility).
+PROCESS_PLAN = SpeedPlan(looks=(12, 20, 28), alphas=(0.002, 0.004, 0.004), interleave="steps", futility=0.025)
 # Data parallel paired rounds: every rank runs the last look's pairs (helpers/spawn/dp_worker.py; a stop taken
 # from one rank's times could leave the other in an all-reduce), so one look at 8 pairs spends the whole 1%, in
 # blocks of 4 steps: a DP step is ~100 ms here, and 8-step blocks cost every launch ~6 s more. Shorter blocks

@@ -58,12 +58,9 @@ def serve(cfg: Config, run_dir: Path, arm: str, address: tuple[str, int], extra_
 def _step(trainer: Trainer, message: StepRequest) -> StepResult:
     """The requested steps (a warm-up: then one validation pass, which compiles the eval graph, so the arm's
     memory high-water includes everything a run of it allocates)."""
-    if message.warm:
-        times, waits = trainer.step_block(message.steps), list(trainer.block_waits)
-        if trainer.outcome is None or trainer.outcome.status == "ok":
-            trainer.evaluate()
-    else:
-        times, waits = trainer.measure_block(message.steps)
+    times, waits = trainer.measure_block(message.steps)
+    if message.warm and (trainer.outcome is None or trainer.outcome.status == "ok"):
+        trainer.evaluate()
     rows = trainer.writer.rows
     ended = trainer.outcome.status if trainer.outcome is not None else ""
     return StepResult(times, waits, rows[-1]["loss"] if rows else None, ended, rss_bytes())

@@ -443,14 +443,13 @@ OPEN_GATE = _AlwaysOpen()
 
 
 class _IndexSource:
-    """Random-access source: sample k is window (first + k) % count, for as many samples as the run needs.
+    """Random-access source: sample k is window k % count, for as many samples as the run needs.
 
     Sleeps per sample to simulate slow storage (open-gate time only, see DataGate).
     """
 
-    def __init__(self, count: int, first: int, samples: int, delay_s: float, gate: DataGate):
+    def __init__(self, count: int, samples: int, delay_s: float, gate: DataGate):
         self.count = count
-        self.first = first
         self.samples = samples
         self.delay_s = delay_s
         self.gate = gate
@@ -462,7 +461,7 @@ class _IndexSource:
         if self.delay_s:
             self.gate.sleep(self.delay_s)
         self.gate.wait()
-        return (np.array((self.first + k) % self.count, dtype=np.int64),)
+        return (np.array(k % self.count, dtype=np.int64),)
 
 
 class _SliceWindow:
@@ -518,14 +517,15 @@ class _RankRows:
 
 
 def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, shard: tuple[int, int] | None = None,
-                  gate: DataGate = OPEN_GATE, after_run: int = 0):
+                  gate: DataGate = OPEN_GATE, extra_batches: int = 0):
     """MindSpore dataset of (x, y) int32 [batch_size, seq_len] batches, y = x shifted by one token.
 
     shard=(rank, n): data parallel; every rank draws the same global batches and keeps its contiguous
     batch_size/n rows, so the n shards of a step together are exactly the single-process batch.
     gate: the pipeline works only while it is open (an arm of a round that takes turns, see DataGate).
-    after_run: N > 0 gives instead the N batches that follow the run's own (a round's measurement-only steps),
-    a pipeline of their own, so the run's batches are the same whether it is measured on or not.
+    extra_batches: batches past the run's own, from the same pipeline (a round's measurement-only steps, so
+    they meet the pipeline's steady state, not a second pipeline filling up beside the first). A run whose shuffle
+    buffer holds all of its own samples then draws them in another order than a run without them.
 
     Yields cfg.steps * cfg.grad_accum_steps batches minus `skip_batches` (already consumed ones, on
     resume), cycling through the windows as many epochs as needed. Sets MindSpore's global dataset seed
@@ -535,8 +535,7 @@ def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, shard: tup
     import mindspore.dataset as ds  # here, not at the top: importing MindSpore takes seconds
 
     data, seq_len, batch = cfg.data, cfg.model.seq_len, cfg.batch_size
-    total = after_run or cfg.steps * cfg.grad_accum_steps
-    first = cfg.steps * cfg.grad_accum_steps * batch if after_run else 0  # samples before this pipeline's first
+    total = cfg.steps * cfg.grad_accum_steps + extra_batches
     if not 0 <= skip_batches < total:
         raise DataError(f"skip_batches={skip_batches} leaves no batches of the {total} this run needs "
                         f"(steps * grad_accum_steps); raise steps to train further")
@@ -550,7 +549,7 @@ def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, shard: tup
     # drain (read, map) the rest of the epoch before the iterator ends.
     # shuffle=False: GeneratorDataset shuffles random-access sources by default, which would bypass `order`.
     # Reads use the map's worker count (threads: they only sleep), so workers can hide slow storage.
-    source = ds.GeneratorDataset(_IndexSource(count, first, total * batch, data.source_delay_ms / 1000.0, gate),
+    source = ds.GeneratorDataset(_IndexSource(count, total * batch, data.source_delay_ms / 1000.0, gate),
                                  column_names=["index"], shuffle=False,
                                  num_parallel_workers=data.num_parallel_workers, python_multiprocessing=False)
     if data.tokenize == "on_the_fly":

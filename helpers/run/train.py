@@ -180,15 +180,15 @@ class Trainer:
         self.device_memory = DeviceMemory(cfg.device_target) if cfg.device_target != "CPU" else None
         self._compile_cells(ms)
         self._ballast = None
-        if cfg.model.ballast_every:  # test-only intermittent cost (model.ballast_every)
+        if cfg.model.ballast_every and cfg.model.ballast:  # test-only intermittent cost (model.ballast_every)
             from helpers.run.model import Ballast
             self._ballast = Ballast(cfg.tokens_per_step, cfg.model.d_model, cfg.model.ballast)
             self._ballast().asnumpy()  # compiled now, not inside the first step that runs it
         if cfg.amp_level != "O0":  # after the real model is built, so its init (RNG draws) matches O0 runs
             self._audit_amp(vocab)
         self.val = [(ms.Tensor(x), ms.Tensor(y)) for x, y in val_batches(cfg, self.prep)]
-        self._train_dataset = lambda skip, after_run=0: train_dataset(cfg, self.prep, skip_batches=skip,
-                                                                      gate=self.gate, after_run=after_run)
+        self._train_dataset = lambda skip: train_dataset(cfg, self.prep, skip_batches=skip, gate=self.gate,
+                                                         extra_batches=self.extra_steps * cfg.grad_accum_steps)
 
     def _audit_amp(self, vocab: int) -> None:
         """Write dtype_audit.json and keep its summary for summary.json (`amp_audit`)."""
@@ -435,8 +435,6 @@ class Trainer:
         self._start = self._next = start
         self._last_good = start - 1
         self._extra_done = 0
-        if self.extra_steps:  # the batches after the run's own, for measurement-only steps: ready to prefetch
-            self._after = self._feed(self._train_dataset(0, self.extra_steps * cfg.grad_accum_steps))
 
     def _feed(self, dataset):
         """What `_one_step` takes its batches from: an iterator, or in sink mode (Ascend/GPU only, the config
@@ -501,7 +499,7 @@ class Trainer:
         times = []
         for _ in range(min(n, self.extra_steps - self._extra_done)):
             t0 = time.perf_counter()
-            wait_ms = self._one_step(self._after)[-1]
+            wait_ms = self._one_step(self._batches)[-1]
             self._extra_done += 1
             self._intermittent(self.cfg.steps + self._extra_done)
             times.append((time.perf_counter() - t0) * 1000.0)

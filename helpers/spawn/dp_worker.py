@@ -76,9 +76,9 @@ class RankTrainer(Trainer):
 
     def _build(self):
         super()._build()
-        self._train_dataset = lambda skip, after_run=0: train_dataset(self.cfg, self.prep, skip_batches=skip,
-                                                                      shard=(self.rank, self.size), gate=self.gate,
-                                                                      after_run=after_run)
+        self._train_dataset = lambda skip: train_dataset(self.cfg, self.prep, skip_batches=skip,
+                                                         shard=(self.rank, self.size), gate=self.gate,
+                                                         extra_batches=self.extra_steps * self.cfg.grad_accum_steps)
 
     def _save_checkpoint(self, step: int) -> None:
         if self.rank == 0:

@@ -35,6 +35,7 @@ from helpers.tune.diagnose import Diagnosis, diagnose
 from helpers.tune.ledger import RoundError
 from helpers.record import RunRecord
 from helpers.paired import DP_PAIRED_PLAN, PROCESS_PLAN, RUNS_PLAN
+from helpers.spawn.stepped import warmup_steps
 from helpers.tune.convergence import TIME_TO_TARGET
 from helpers.tune.lr_rule import DEFAULT_LR_RULE, SCALED
 from helpers.tune.rounds import Workbook, load_runs
@@ -327,7 +328,7 @@ def estimate_s(cand: Candidate, best: list[RunRecord], best_cfg: Config, overhea
                                                       f"reference + {run:.0f} s candidate)×{BUDGET_MARGIN}")
     plan = DP_PAIRED_PLAN if path == PAIRED else PROCESS_PLAN
     pairs = plan.looks[min(1, len(plan.looks) - 1)]
-    steps = best_cfg.steady_after + plan.block_steps * pairs
+    steps = (best_cfg.steady_after if path == PAIRED else warmup_steps(best_cfg)) + plan.block_steps * pairs
     step_s = statistics.median(r.summary.get("step_time_ms") or 0.0 for r in best) / 1000.0
     compile_s = statistics.median(r.summary.get("compile_s") or 0.0 for r in best)
     est = (overhead + 2 * compile_s + cand.extra_s + steps * step_s * (1 + cand.time_factor)) * BUDGET_MARGIN

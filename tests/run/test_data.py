@@ -266,19 +266,18 @@ def test_skip_batches(corpus_file):
         train_dataset(cfg, prep, skip_batches=6)
 
 
-def test_batches_after_the_run_continue_its_windows(corpus_file):
-    """A round's measurement-only steps read the windows that follow the run's own, from a pipeline of their own
-    (so the run's batches are the same with or without them)."""
+def test_batches_past_the_run_continue_its_windows(corpus_file):
+    """A round's measurement-only steps read the windows that follow the run's own, from the same pipeline."""
     cfg = _cfg(corpus_file, **{"data.shuffle_buffer": 1})
     prep = prepare(cfg, None)
     longer = _batches(_cfg(corpus_file, **{"data.shuffle_buffer": 1, "steps": 9}), prep)
-    after = train_dataset(cfg, prep, after_run=3).create_tuple_iterator(num_epochs=1, output_numpy=True)
-    assert _same([(x, y) for x, y in after], longer[6:])
+    more = train_dataset(cfg, prep, extra_batches=3).create_tuple_iterator(num_epochs=1, output_numpy=True)
+    assert _same([(x, y) for x, y in more], longer)
 
 
 def test_a_closed_gate_holds_the_pipeline_and_stops_its_storage_clock():
     gate = data.DataGate()
-    source = data._IndexSource(count=10, first=0, samples=4, delay_s=0.05, gate=gate)
+    source = data._IndexSource(count=10, samples=4, delay_s=0.05, gate=gate)
     got = []
     reader = data.threading.Thread(target=lambda: got.append(source[3]))
     reader.start()
