@@ -7,9 +7,8 @@ from pathlib import Path
 
 from helpers import config as config_mod
 from helpers.config import ConfigError, load_config
-from helpers.record import RecordError, load_run
+from helpers.record import RecordError, load_run, memory_label
 from helpers.units import mib_text
-from helpers.run.memory import memory_label
 from helpers.run.rows import PROGRESS_KINDS, progress_sink
 
 KNOWN_ERRORS = (ConfigError, RecordError)

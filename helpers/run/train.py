@@ -20,12 +20,13 @@ from helpers.run.hooks import RunHooks
 from helpers.run.precision import apply_precision
 from helpers.run.rows import fan_out
 from helpers.run.metrics import Ema, rss_bytes, summarize
-from helpers.run.memory import DeviceMemory, memory_source
+from helpers.run.memory import DeviceMemory
 from helpers.run.monitors import effective_max_grad_norm
 from helpers.run.kernels import resolve_kernels
 from helpers.run.startup import FixedCost, compile_cache_dir, process_start
 from helpers.run.profile import window_steps
-from helpers.record import RecordError, RecordWriter, load_run, read_metric_rows, write_failure, METRICS_FILE
+from helpers.record import (RecordError, RecordWriter, load_run, memory_source, read_metric_rows, write_failure,
+                            METRICS_FILE)
 
 
 class TrainError(RuntimeError):

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from helpers.record import _json_safe, write_failure
+from helpers.record import json_safe, write_failure
 
 
 class RoundError(ValueError):
@@ -28,7 +28,7 @@ class Ledger:
         A write the disk refuses part-way (full, over a size limit) is cut back off, so the ledger never
         ends in half a line; raises `record.write_failure`'s one-line RecordError.
         """
-        data = (json.dumps(_json_safe(entry), ensure_ascii=False, sort_keys=False) + "\n").encode("utf-8")
+        data = (json.dumps(json_safe(entry), ensure_ascii=False, sort_keys=False) + "\n").encode("utf-8")
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         size = os.fstat(fd).st_size
         try:

@@ -37,8 +37,8 @@ from helpers.tune.convergence import (CONVERGENCE_VARIABLES, OBJECTIVES, RECIPE,
 from helpers.tune.lr_rule import DEFAULT_LR_RULE, SCALED, check_rule, moves_global_batch, scale_lr
 from helpers.tune.ledger import Ledger, RoundError, WorkbookLock
 from helpers.record import (SUMMARY_FILE, RecordError, RunRecord, atomic_write_json, atomic_write_text, load_run,
-                            median_summary, write_summary)
-from helpers.run.memory import default_memory_limit, memory_label
+                            median_summary, memory_label, write_summary)
+from helpers.run.memory import default_memory_limit
 from helpers.paired import (DP_PAIRED_PLAN, PROCESS_PLAN, RUNS_PLAN, Measurement, SpeedPlan, conclude, should_stop,
                             stop_rule)
 from helpers.spawn.paired import launch_pair
