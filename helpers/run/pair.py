@@ -31,17 +31,17 @@ from helpers.run.foreign import ForeignLoad
 from helpers.run.metrics import peak_rss_bytes, rss_bytes
 from helpers.run.profile import window_steps, with_profiler
 from helpers.run.train import Trainer, configure_mindspore
+from helpers.wire import PAIRED_FILE, PairDone, PairStart, encode
 
-PAIRED_FILE = "paired.json"
 MEMORY_SCOPE = ("paired process: peak_memory_bytes is this arm's own ({how}); rows' rss_bytes and "
                 "process_peak_rss_bytes are the whole process (both arms)")
 
 StopRule = Callable[[Measurement], bool]
 
 
-def _emit(kind: str, **data) -> None:
-    """One JSON progress line for the parent (`spawn/paired.py` reads them)."""
-    print(json.dumps({"paired": kind, **data}), flush=True)
+def _emit(message: PairStart | PairDone) -> None:
+    """One progress line for the parent (`wire.encode`; in msrun's log, which `spawn/paired.py` follows)."""
+    print(encode(message), flush=True)
 
 
 def _warm(trainer: Trainer, steps: int) -> list[float]:
@@ -150,7 +150,7 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     memory = out["memory"] = {"rss_before_models_bytes": rss_base}
     try:
         for name in ("candidate", "reference"):  # the candidate first: its high-water is then its own
-            _emit("start", arm=name)
+            _emit(PairStart(name))
             before = rss_bytes()
             arms.trainers[name].start()
             out["warmup_ms"][name] = _warm(arms.trainers[name], warmup)
@@ -175,8 +175,8 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
             out["waits"].append((got["reference"][1], got["candidate"][1]))
             out["foreign_cores"].append(foreign.read())
             out["first_in_pair"].append(order[0])
-            _emit("pair", pair=i + 1, max_pairs=max_pairs,
-                  arms={name: arms.row(name, got[name][0], warmup + (i + 1) * block_steps) for name in order})
+            _emit(PairDone(i + 1, max_pairs,
+                           {name: arms.row(name, got[name][0], warmup + (i + 1) * block_steps) for name in order}))
             if stop(Measurement(out["pairs"], tokens, out["waits"], out["foreign_cores"])):
                 break
         out["status"] = "ok" if out["status"] == "running" else out["status"]

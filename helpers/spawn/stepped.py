@@ -37,9 +37,8 @@ from helpers.run.foreign import ForeignLoad
 from helpers.run.profile import window_steps, with_profiler
 from helpers.spawn.live import publish
 from helpers.spawn.runner import child_env
-from helpers.wire import ArmReady, FinishRequest, StepRequest, StepResult, decode, encode
+from helpers.wire import PAIRED_FILE, ArmReady, FinishRequest, StepRequest, StepResult, decode, encode
 
-PAIRED_FILE = "paired.json"
 ARMS = ("candidate", "reference")
 READY_TIMEOUT_S = 600.0  # start, import and build of a big config on a loaded machine
 # The warm-up runs past what the input pipeline read ahead while the first step compiled (up to data.prefetch
