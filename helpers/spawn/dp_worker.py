@@ -70,7 +70,7 @@ class RankTrainer(Trainer):
     def _build(self):
         super()._build()
         self._train_dataset = lambda skip: train_dataset(self.cfg, self.prep, skip_batches=skip,
-                                                         shard=(self.rank, self.size), gate=self.gate,
+                                                         rank=self.rank, gate=self.gate,
                                                          extra_batches=self.extra_steps * self.cfg.grad_accum_steps)
 
     def _save_checkpoint(self, step: int) -> None:

@@ -65,7 +65,7 @@ def recipe_changes(cfg: Config, lr_factor: float, steps_fraction: float, batch_f
     lr = float(f"{cfg.lr * lr_factor:.3g}")
     changes = {"lr": lr, "min_lr": float(f"{cfg.min_lr * lr / cfg.lr:.3g}"),
                "steps": max(cfg.steady_after + 1, round(cfg.steps * steps_fraction)),
-               "warmup": round(cfg.warmup * steps_fraction), "batch_size": round(cfg.batch_size * batch_factor)}
+               "warmup": round(cfg.warmup * steps_fraction), "batch_size": round(batch_factor * cfg.batch_size)}
     return {k: v for k, v in changes.items() if v != getattr(cfg, k)}
 
 
