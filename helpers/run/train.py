@@ -163,7 +163,7 @@ class Trainer:
         if vocab < self.prep.tokenizer.vocab_size:
             raise ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer's "
                               f"{self.prep.tokenizer.vocab_size}; set model.vocab_size=0 to take the tokenizer's")
-        backbone = build_model(cfg, vocab)
+        backbone = build_model(cfg, vocab, self.kernels)
         self.n_params = count_params(backbone)
         self.flops_per_token = flops_per_token(self.n_params, cfg.model)
         if cfg.recompute == "blocks":
@@ -195,7 +195,7 @@ class Trainer:
         """Write dtype_audit.json and keep its summary for summary.json (`amp_audit`)."""
         from helpers.run.precision import audit_summary, dtype_audit, rows_as_dicts
         from helpers.record import atomic_write_json
-        rows = dtype_audit(self.cfg, vocab)
+        rows = dtype_audit(self.cfg, vocab, self.kernels)
         atomic_write_json(self.run_dir / "dtype_audit.json", rows_as_dicts(rows))
         self.extra_summary["amp_audit"] = audit_summary(rows)
 
@@ -339,7 +339,7 @@ class Trainer:
         try:
             # which kernels `auto` picks, in the summary; a missing or stale native library fails now, not after
             # the MindSpore import
-            self.extra_summary["kernels"] = resolve_kernels(cfg)
+            self.kernels = self.extra_summary["kernels"] = resolve_kernels(cfg)
             with cost.phase("data"):
                 self._data()
             with cost.phase("import"):
