@@ -73,7 +73,7 @@ def cmd_resume(args) -> int:
     if args.steps:
         changes["steps"] = args.steps
     from helpers.config import with_changes
-    from helpers.run.train import check_resumable
+    from helpers.run.checkpoints import check_resumable
     cfg = with_changes(record.config, changes)
     check_resumable(cfg)  # a finished run: one line, exit 2, nothing rewritten
     return _run(cfg, args.run_dir, args.progress)

@@ -1,14 +1,15 @@
 """Messages between processes: one dataclass per message and one encoder/decoder pair for it, all here.
 
-| message                         | from → to                                              | encoder / decoder              |
-|---------------------------------|--------------------------------------------------------|--------------------------------|
-| StepRow                         | a training child's stdout (`--progress json`), rank 0's | encode_row / decode_row        |
-|                                 | msrun log → the parent's bar and live view              |                                |
-| ArmReady, StepRequest,          | run/arm.py ↔ spawn/stepped.py, a localhost socket       | encode / decode                |
-| StepResult, FinishRequest       |                                                        |                                |
-| PairStart, PairDone             | run/pair.py in rank 0 of msrun → its log → spawn/paired | encode / decode                |
-| PairRequest                     | spawn/paired.py → spawn/dp_worker.py --pair (a file)    | encode_pair_request / decode_… |
-| RankFile                        | each msrun rank (dp_worker.py) → spawn/rankmerge.py     | encode_rank_file / decode_…    |
+    StepRow        a training child's stdout (`--progress json`) or rank 0's msrun log → the parent's bar and live
+                   view; encode_row / decode_row
+    ArmReady, StepRequest, StepResult, FinishRequest
+                   run/arm.py ↔ spawn/stepped.py over a localhost socket; encode / decode
+    PairStart, PairDone
+                   run/pair.py in rank 0 of msrun → its log → spawn/paired.py; encode / decode
+    PairRequest    spawn/paired.py → every rank's dp_worker.py --pair (a file); encode_pair_request /
+                   decode_pair_request
+    RankFile       each msrun rank (spawn/dp_worker.py) → spawn/rankmerge.py (ranks/rank_K.json);
+                   encode_rank_file / decode_rank_file
 
 A tagged message travels as one line of JSON: {"kind": <the class's KIND>, ...its fields}; `decode` of a line that
 is not one (a log line, a warning, a step row) returns None, so a reader can share a pipe or a log with other

@@ -3,7 +3,7 @@ model, optimizer, data pipeline and compiled step Cell, then trained in alternat
 R C, C R, R C, …) so that whatever else the machine does hits both arms alike.
 
 Each arm still writes a normal run record (its `cfg.steps` steps, evals, checkpoint) into its own folder; blocks
-that go on past an arm's last recorded step are measurement-only (`Trainer.extra_steps`). The block step times
+that go on past an arm's last recorded step are measurement-only (`train.Turns.extra_steps`). The block step times
 go to `paired.json` in the round folder, with each step's data wait and the CPU other processes used during each
 pair; the estimator that reads them is helpers/paired.py (the `stop` callable passed in decides after each pair
 whether to go on). Each arm's input pipeline works only while that arm steps (data.DataGate), as in a run of its
@@ -30,13 +30,14 @@ from helpers.run.data import DataGate
 from helpers.run.foreign import ForeignLoad
 from helpers.run.metrics import peak_rss_bytes, rss_bytes
 from helpers.run.profile import window_steps, with_profiler
-from helpers.run.train import Trainer, configure_mindspore
+from helpers.run.train import Phase, Trainer, Turns, configure_mindspore
 from helpers.wire import PAIRED_FILE, PairDone, PairStart, encode
 
 MEMORY_SCOPE = ("paired process: peak_memory_bytes is this arm's own ({how}); rows' rss_bytes and "
                 "process_peak_rss_bytes are the whole process (both arms)")
 
 StopRule = Callable[[Measurement], bool]
+MakeTrainer = Callable[[Config, Path, Turns], Trainer]  # (arm config, arm record folder, how it takes turns)
 
 
 def _emit(message: PairStart | PairDone) -> None:
@@ -70,11 +71,9 @@ class _Arms:
     """The two Trainers of the process and which records are written."""
 
     def __init__(self, reference: Config, candidate: Config, folder: Path, extra_steps: int,
-                 make_trainer: Callable[[Config, Path], Trainer]):
-        self.trainers = {"candidate": make_trainer(candidate, folder / "candidate"),
-                         "reference": make_trainer(reference, folder / "reference")}
-        for trainer in self.trainers.values():
-            trainer.shares_process, trainer.extra_steps, trainer.gate = True, extra_steps, DataGate()
+                 make_trainer: MakeTrainer):
+        self.trainers = {name: make_trainer(cfg, folder / name, Turns(DataGate(), extra_steps, shares_process=True))
+                         for name, cfg in (("candidate", candidate), ("reference", reference))}
 
     def block(self, name: str, k: int) -> tuple[list[float], list[float | None]]:
         """K step times of one arm and their data waits (ms), see `Trainer.measure_block`."""
@@ -83,8 +82,7 @@ class _Arms:
     def row(self, name: str, times_ms: list[float], step: int) -> dict:
         """What the parent's live view draws for one arm after a block: its step count, its record's latest
         loss (None before the first row) and tokens/s at the block's median step time."""
-        rows = self.trainers[name].writer.rows
-        return {"step": step, "loss": rows[-1]["loss"] if rows else None,
+        return {"step": step, "loss": self.trainers[name].last_loss,
                 "tokens_per_s": self.tokens_per_step(name) * 1000.0 / statistics.median(times_ms)}
 
     def tokens_per_step(self, name: str) -> int:
@@ -98,20 +96,20 @@ class _Arms:
         """Train each record to its last step and write its summary; once one arm failed or ended early, the
         other stops where it is (status 'stopped', naming why)."""
         for name, trainer in self.trainers.items():
-            if trainer.finished or not hasattr(trainer, "_base"):
-                continue  # written already, or never started (its own record or the error says why)
+            if trainer.phase in (Phase.BUILT, Phase.FINISHED):
+                continue  # never started, or written already (a failed start too: its record says why)
             other = next(n for n in self.trainers if n != name)
             try:
                 while trainer.outcome is None and not self.broken() and out["status"] != "failed":
                     trainer.step_block(trainer.cfg.steps)
                 trainer.finish(f"the {other} arm of this paired round ended first ({out['reason']})")
-            except Exception:  # its record says failed (Trainer._fail); the other arm is still completed
+            except Exception:  # its record says failed; the other arm is still completed
                 out["status"] = "failed"
 
 
 def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: int, max_pairs: int,
-             stop: StopRule, make_trainer: Callable[[Config, Path], Trainer] = Trainer,
-             setup: Callable[[], None] | None = None, paired_file: str = PAIRED_FILE,
+             stop: StopRule, make_trainer: MakeTrainer, setup: Callable[[], None] | None = None,
+             paired_file: str = PAIRED_FILE,
              interleave: str = "blocks", profile_steps: int = 0,
              own_pids: Callable[[], list[int]] | None = None) -> dict:
     """Train both arms in this process and measure them in ABBA blocks; returns (and writes) the raw record.
@@ -121,8 +119,9 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     max_pairs: the budget in block pairs; stop(pairs) → True ends the
     measurement early (pairs = [(reference ms list, candidate ms list), …]). Both records are completed to
     their `steps` whatever the measurement needed. A failure or NaN in one arm ends the other as 'stopped'.
-    A data-parallel rank (helpers/spawn/dp_worker.py) passes its own `make_trainer(cfg, run_dir)`, a `setup`
-    run once after MindSpore is configured (joining the process group) and its own `paired_file` name.
+    make_trainer(cfg, run_dir, turns) makes each arm's Trainer: a data-parallel rank (helpers/spawn/dp_worker.py)
+    makes its rank's, and passes a `setup` run once after MindSpore is configured (joining the process group) and
+    its own `paired_file` name.
     profile_steps: each arm gets a profiler window of that many steps right after its own steady_after (an arm
     whose config has a window keeps it); the warm-up of both arms runs to the later window's end, so every
     profiled step is taken while the other arm is not stepping (the candidate's before the reference exists):

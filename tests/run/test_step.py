@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from helpers.config import from_dict
-from helpers.run.train import lr_at
+from helpers.run.build import lr_at
 
 
 def test_lr_schedule_warmup_then_cosine_to_min():
