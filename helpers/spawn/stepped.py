@@ -111,14 +111,20 @@ class _Arm:
         return self.answer()
 
     def close(self, complete: bool, reason: str) -> int:
-        """Tell the arm to complete (or stop) its record and wait for it to exit; its exit code."""
+        """Tell the arm to complete (or stop) its record and wait for it to exit; its exit code. An arm that never
+        said it was built is waited for at most READY_TIMEOUT_S (its socket closed, it stops its record; one whose
+        connection was never accepted would wait forever), then killed: its record reads as interrupted."""
         self.signal(signal.SIGCONT)
         if self.chan is not None and self.proc.poll() is None:
             try:
                 self.send(FinishRequest(complete, reason))
             except OSError:
                 pass
-        code = self.proc.wait()
+        try:
+            code = self.proc.wait(timeout=None if self.chan is not None else READY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            code = self.proc.wait()
         if self.chan is not None:
             self.chan.close()
         self.request.unlink(missing_ok=True)
@@ -126,10 +132,22 @@ class _Arm:
 
 
 def _connect(listener: socket.socket, arms: dict[str, _Arm]) -> None:
-    """Accept each arm's connection and wait until both are built (ArmReady), each then frozen."""
+    """Accept each arm's connection and wait until both are built (ArmReady), each then frozen. When one fails,
+    the connections not yet named by an arm are closed: that arm then reads the end of its socket and stops its
+    record, instead of waiting for a message that never comes."""
+    waiting: dict = {}  # socket → its line reader, until the arm's first message names it
+    try:
+        _accept_ready(listener, arms, waiting)
+    except BaseException:
+        for sock, chan in waiting.items():
+            chan.close()
+            sock.close()
+        raise
+
+
+def _accept_ready(listener: socket.socket, arms: dict[str, _Arm], waiting: dict) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     pending = dict(arms)
-    waiting = {}  # socket → its line reader, until the arm's first message names it
     while pending:
         dead = [a for a in pending.values() if a.proc.poll() is not None]
         if dead:
