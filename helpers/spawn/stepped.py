@@ -133,8 +133,8 @@ class _Arm:
 
 def _connect(listener: socket.socket, arms: dict[str, _Arm]) -> None:
     """Accept each arm's connection and wait until both are built (ArmReady), each then frozen. When one fails,
-    the connections not yet named by an arm are closed: that arm then reads the end of its socket and stops its
-    record, instead of waiting for a message that never comes."""
+    the connections not yet named by an arm are closed, and the listener with them: such an arm then reads the end
+    of its socket and stops, instead of waiting for a message that never comes."""
     waiting: dict = {}  # socket → its line reader, until the arm's first message names it
     try:
         _accept_ready(listener, arms, waiting)
@@ -142,6 +142,7 @@ def _connect(listener: socket.socket, arms: dict[str, _Arm]) -> None:
         for sock, chan in waiting.items():
             chan.close()
             sock.close()
+        listener.close()  # a connection still in its backlog is refused now
         raise
 
 
