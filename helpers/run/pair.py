@@ -148,36 +148,9 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
            "warmup_ms": {}}
     memory = out["memory"] = {"rss_before_models_bytes": rss_base}
     try:
-        for name in ("candidate", "reference"):  # the candidate first: its high-water is then its own
-            _emit(PairStart(name))
-            before = rss_bytes()
-            arms.trainers[name].start()
-            out["warmup_ms"][name] = _warm(arms.trainers[name], warmup)
-            # resident memory the arm added, after its warm-up: the same measure for both arms (the ratio)
-            memory[f"{name}_resident_bytes"] = rss_base + rss_bytes() - before
-            if name == "candidate":  # the high-water so far is the candidate's alone: the gate's figure
-                memory["candidate_peak_bytes"] = peak_rss_bytes()
-        memory["reference_peak_bytes"] = rss_base + max(0, peak_rss_bytes() - memory["candidate_resident_bytes"])
+        _warm_arms(arms, warmup, out)
         out["setup_s"] = time.perf_counter() - t0
-        tokens = tuple(out["tokens_per_step"][n] for n in ("reference", "candidate"))
-        foreign = ForeignLoad(own_pids)
-        for i in range(max_pairs):
-            order = ("reference", "candidate") if i % 2 == 0 else ("candidate", "reference")
-            foreign.start()
-            got = _interleaved(arms, order, block_steps) if interleave == "steps" else \
-                {name: arms.block(name, block_steps) for name in order}
-            if arms.broken() or any(len(v[0]) < block_steps for v in got.values()):
-                out["status"] = "ended"
-                out["reason"] = f"{', '.join(arms.broken()) or 'an arm'} ended before pair {i + 1} was complete"
-                break
-            out["pairs"].append((got["reference"][0], got["candidate"][0]))
-            out["waits"].append((got["reference"][1], got["candidate"][1]))
-            out["foreign_cores"].append(foreign.read())
-            out["first_in_pair"].append(order[0])
-            _emit(PairDone(i + 1, max_pairs,
-                           {name: arms.row(name, got[name][0], warmup + (i + 1) * block_steps) for name in order}))
-            if stop(Measurement(out["pairs"], tokens, out["waits"], out["foreign_cores"])):
-                break
+        _measure_pairs(arms, out, stop, own_pids)
         out["status"] = "ok" if out["status"] == "running" else out["status"]
         out["measure_s"] = time.perf_counter() - t0 - out["setup_s"]
     except Exception as exc:  # the arm that raised has a failed record; the round reads it from there
@@ -187,6 +160,47 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     out["wall_s"] = time.perf_counter() - t0
     atomic_write_json(folder / paired_file, out)
     return out
+
+
+def _warm_arms(arms: _Arms, warmup: int, out: dict) -> None:
+    """Start and warm up each arm, the candidate first: the process high-water after it is then the candidate's
+    own peak (the memory gate's figure); the reference's is estimated on top of it (module docstring)."""
+    memory = out["memory"]
+    rss_base = memory["rss_before_models_bytes"]
+    for name in ("candidate", "reference"):
+        _emit(PairStart(name))
+        before = rss_bytes()
+        arms.trainers[name].start()
+        out["warmup_ms"][name] = _warm(arms.trainers[name], warmup)
+        # resident memory the arm added, after its warm-up: the same measure for both arms (the ratio)
+        memory[f"{name}_resident_bytes"] = rss_base + rss_bytes() - before
+        if name == "candidate":  # the high-water so far is the candidate's alone: the gate's figure
+            memory["candidate_peak_bytes"] = peak_rss_bytes()
+    memory["reference_peak_bytes"] = rss_base + max(0, peak_rss_bytes() - memory["candidate_resident_bytes"])
+
+
+def _measure_pairs(arms: _Arms, out: dict, stop: StopRule, own_pids: Callable[[], list[int]] | None) -> None:
+    """The ABBA pairs of `out`'s plan (block_steps, max_pairs, interleave) into `out`, each with its data waits and
+    the outside load meanwhile, until `stop`, the budget, or an arm's record ends before a pair is complete."""
+    k, max_pairs, warmup = out["block_steps"], out["max_pairs"], out["warmup_steps"]
+    tokens = tuple(out["tokens_per_step"][n] for n in ("reference", "candidate"))
+    foreign = ForeignLoad(own_pids)
+    for i in range(max_pairs):
+        order = ("reference", "candidate") if i % 2 == 0 else ("candidate", "reference")
+        foreign.start()
+        got = _interleaved(arms, order, k) if out["interleave"] == "steps" else \
+            {name: arms.block(name, k) for name in order}
+        if arms.broken() or any(len(v[0]) < k for v in got.values()):
+            out["status"] = "ended"
+            out["reason"] = f"{', '.join(arms.broken()) or 'an arm'} ended before pair {i + 1} was complete"
+            return
+        out["pairs"].append((got["reference"][0], got["candidate"][0]))
+        out["waits"].append((got["reference"][1], got["candidate"][1]))
+        out["foreign_cores"].append(foreign.read())
+        out["first_in_pair"].append(order[0])
+        _emit(PairDone(i + 1, max_pairs, {name: arms.row(name, got[name][0], warmup + (i + 1) * k) for name in order}))
+        if stop(Measurement(out["pairs"], tokens, out["waits"], out["foreign_cores"])):
+            return
 
 
 def _interleaved(arms: _Arms, order: tuple[str, str], k: int) -> dict[str, tuple[list[float], list[float | None]]]:

@@ -32,7 +32,7 @@ from helpers import config as config_mod
 from helpers.config import Config, with_changes
 from helpers.paired import Measurement
 from helpers.paths import REPO_ROOT, absolute
-from helpers.record import RecordError, atomic_write_json, load_run
+from helpers.record import RecordError, RunRecord, atomic_write_json, load_run
 from helpers.run.foreign import ForeignLoad
 from helpers.run.profile import window_steps, with_profiler
 from helpers.spawn.live import publish
@@ -205,14 +205,7 @@ def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, sto
     folder = absolute(folder)
     folder.mkdir(parents=True, exist_ok=True)
     k, max_pairs = plan["block_steps"], plan["looks"][-1]
-    # Each arm compiles cold: MindSpore keys its cache by source files, two arms of one config would fill one
-    # folder at the same time, and the measurement-only steps lengthen the LR list, which the cache's key does
-    # not hold (a warm arm then failed in Gather past the old list's end).
-    cfgs = {}
-    for name, cfg in (("reference", reference), ("candidate", candidate)):
-        if profile_steps and not cfg.monitor.profile_steps:
-            cfg = with_profiler(cfg, profile_steps)
-        cfgs[name] = with_changes(cfg, {"compile_cache": False})
+    cfgs = _arm_configs(reference, candidate, profile_steps)
     warmup = max(warmup_steps(c) for c in cfgs.values())
     out = {"path": "processes", "block_steps": k, "interleave": "steps", "max_pairs": max_pairs,
            "warmup_steps": warmup, "tokens_per_step": {n: c.tokens_per_step for n, c in cfgs.items()},
@@ -249,16 +242,35 @@ def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, sto
                 bar.close()
     out["wall_s"] = time.perf_counter() - t0
     atomic_write_json(folder / PAIRED_FILE, out)
-    records = {}
-    for name in ("reference", "candidate"):
-        try:
-            records[name] = load_run(folder / name)
-        except RecordError:
-            records[name] = None
+    records = dict(zip(("reference", "candidate"), _records(folder)))
     missing = [n for n, r in records.items() if r is None]
     # the records say how a run ended (a NaN, a failure): only a missing one makes the round's error
     error = f"the {missing[0]} arm left no record ({out['reason'] or 'no reason recorded'})" if missing else ""
     return records["reference"], records["candidate"], out, error
+
+
+def _arm_configs(reference: Config, candidate: Config, profile_steps: int) -> dict[str, Config]:
+    """Each arm's config as its process trains it: with a profiler window of `profile_steps` (unless it has its
+    own), and compiled cold: MindSpore keys its cache by source files, two arms of one config would fill one folder
+    at the same time, and the measurement-only steps lengthen the LR list, which the cache's key does not hold (a
+    warm arm then failed in Gather past the old list's end)."""
+    cfgs = {}
+    for name, cfg in (("reference", reference), ("candidate", candidate)):
+        if profile_steps and not cfg.monitor.profile_steps:
+            cfg = with_profiler(cfg, profile_steps)
+        cfgs[name] = with_changes(cfg, {"compile_cache": False})
+    return cfgs
+
+
+def _records(folder: Path) -> tuple[RunRecord | None, RunRecord | None]:
+    """(reference, candidate) records the arms left in `folder`, None where one left none."""
+    records = []
+    for name in ("reference", "candidate"):
+        try:
+            records.append(load_run(folder / name))
+        except RecordError:
+            records.append(None)
+    return records[0], records[1]
 
 
 def _measure(arms: dict[str, _Arm], out: dict, k: int, max_pairs: int, tokens: tuple[float, float],

@@ -65,11 +65,10 @@ class Workbook:
     @classmethod
     def create(cls, path, cfg: Config, repeats: int = 2, loss_gate: float = 0.02,
                memory_limit_bytes: int | None = None) -> "Workbook":
-        """A new workbook pinned to `cfg`; on an existing workbook with the same baseline and settings, open it.
-        repeats: runs per config (≥ 2: one run cannot measure run-to-run noise); loss_gate: allowed relative loss
-        drift at equal tokens (0.02 = 2%); memory_limit_bytes: peak memory limit in bytes (default 90% of RAM on CPU,
-        where the peak is process RSS; of the device's memory on GPU/Ascend, the allocator's peak). A relative
-        `path`, and relative paths in `cfg`, mean what they mean in the caller's working directory."""
+        """A new workbook pinned to `cfg` (an existing one with the same baseline and settings is opened). repeats:
+        runs per config (≥ 2, for run-to-run noise); loss_gate: allowed relative loss drift at equal tokens (0.02);
+        memory_limit_bytes: the peak's limit (default 90% of RAM on CPU, of the device's memory on GPU/Ascend).
+        Relative paths (`path`, those in `cfg`) mean what they mean in the caller's working directory."""
         path, cfg = absolute(path), config_mod.absolute_paths(cfg)
         settings = checked_settings(cfg, repeats, loss_gate, memory_limit_bytes)
         if (path / MARKER).is_file():
@@ -162,17 +161,15 @@ class Workbook:
                   target: float | None = None, why: str = "", reasoning: dict | None = None,
                   time_cap_s: float | None = None, profile_steps: int = 0,
                   lr_rule: str = DEFAULT_LR_RULE) -> RoundResult:
-        """Train the current best + `changes` against a rerun of it, judge, record, save a rollback point; a round
-        recorded already under this name, objective and values comes back and nothing trains. objective: "speed"
-        (tokens/s, measured the way the variable allows until the interval decides or the budget ends:
-        measure.measure_speed, rules.judge), "convergence" (`seeds` runs per arm, run k of both with seed best.seed
-        + k − 1; val loss at equal tokens against the seed band; `target`: where time to target is read) or
-        "time_to_target" (those seeds, each arm ending at its first val loss ≤ `target` (default the best's
-        target_val_loss, else the level every reference seed reached), the candidate also at `time_cap_s` s;
-        seconds to target against the seed band); under those two a moved global batch moves lr and min_lr by
-        `lr_rule` (round_spec.plan_round). `keep` makes the candidate the best; a run that does not finish ends the
-        round "failed". `why`, `reasoning` (e.g. the auto-tuner's diagnosis) go into the entry. profile_steps
-        (speed; processes or msrun): a profiler window of that many steps in each arm's warm-up."""
+        """Train the current best + `changes` against a rerun of it, judge, record, save a rollback point (a round
+        recorded already under this name, objective and values comes back; nothing trains). objective "speed":
+        tokens/s, measured the way the variable allows (measure.measure_speed) until the interval decides or the
+        budget ends; "convergence": `seeds` runs per arm (seed best.seed + k − 1 for run k of both), val loss at
+        equal tokens against the seed band (`target`: where time to target is read); "time_to_target": those seeds,
+        each arm ending at its first val loss ≤ `target` (default the best's target_val_loss, else the level every
+        reference seed reached), the candidate also at `time_cap_s` s. A moved global batch moves lr by `lr_rule`
+        there (round_spec.plan_round). `why`, `reasoning` go into the entry; profile_steps: a profiler window in
+        each arm's warm-up (speed, processes or msrun)."""
         check_request(name, changes, objective, seeds, lr_rule)
         with self._lock.hold():
             state = self._state()
@@ -217,10 +214,9 @@ class Workbook:
             self._append(note_entry(name, why, changes, decision, who, reasoning), state.best_round, state)
 
     def aa_check(self, progress: bool = True, who: str | None = None, path: str | None = None) -> Verdict:
-        """Run the current best as both candidate and reference (interleaved) and judge it by the same rule: an
-        honest rule says "no change"; anything else means the band is too tight for this machine's noise now.
-        path: how to measure (default the best's own, `speed_path`; "processes", "runs" or "paired"), so each way
-        a round can measure can be checked. Recorded in the ledger (event aa_check); the best does not move."""
+        """The current best as both candidate and reference, judged by the same rule: an honest rule says "no
+        change". path: how to measure (default the best's own, `speed_path`; "processes", "runs" or "paired").
+        Recorded in the ledger (event aa_check); the best does not move."""
         with self._lock.hold():
             state = self._state()
             state.require_baseline()
