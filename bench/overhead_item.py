@@ -27,14 +27,16 @@ def bare_loop(config_yaml: str, steps: int, skip: int) -> float:
     sampling, record writes or per-step host reads). ms/step over steps skip+1 .. steps-1, each end synchronised by
     reading the loss."""
     import mindspore as ms
-    from helpers.run.train import Trainer, configure_mindspore
+    from helpers.run.build import build
+    from helpers.run.data import prepare, train_dataset
+    from helpers.run.kernels import resolve_kernels
+    from helpers.run.train import configure_mindspore
     cfg = load_config(config_yaml)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, tmp)
+        prep = prepare(cfg, Path(tmp))
         configure_mindspore(cfg)
-        trainer._build()
-        batches = iter(trainer._train_dataset(0).create_tuple_iterator(num_epochs=1, output_numpy=True))
-        step = trainer.calls[0]
+        step = build(cfg, prep, Path(tmp), resolve_kernels(cfg), cfg.steps).calls[0]
+        batches = iter(train_dataset(cfg, prep).create_tuple_iterator(num_epochs=1, output_numpy=True))
         for i in range(1, steps):
             x, y = next(batches)
             out = step(ms.Tensor(x), ms.Tensor(y))

@@ -49,15 +49,16 @@ def _quantile(values: list[float], q: float) -> float:
 def arm_steps(config_yaml: str, steps: int, warmup: int) -> list[float]:
     """Child side: ms of each of `steps` timed steps of the config's step Cell, after `warmup` untimed ones."""
     import mindspore as ms
-    from helpers.run.train import Trainer, configure_mindspore
+    from helpers.run.build import build
+    from helpers.run.data import prepare, train_dataset
+    from helpers.run.train import configure_mindspore
     cfg = load_config(config_yaml)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, tmp)
+        prep = prepare(cfg, Path(tmp))
         configure_mindspore(cfg)
-        trainer._build()
-        it = trainer._train_dataset(0).create_tuple_iterator(num_epochs=1, output_numpy=True)
+        step, times = build(cfg, prep, Path(tmp), resolve_kernels(cfg), cfg.steps).calls[0], []
+        it = train_dataset(cfg, prep).create_tuple_iterator(num_epochs=1, output_numpy=True)
         batches = [(ms.Tensor(x), ms.Tensor(y)) for (x, y), _ in zip(it, range(8))]
-        step, times = trainer.calls[0], []
         for i in range(warmup + steps):
             t0 = time.perf_counter()
             step(*batches[i % len(batches)])[0].asnumpy()
@@ -71,7 +72,7 @@ def item_speed(rounds: int = 5, steps: int = 40, warmup: int = 5, batch_size: in
     base = load_config(NANO)
     if batch_size:
         base = with_changes(base, {"batch_size": batch_size})
-    tokens = base.batch_size * base.model.seq_len
+    tokens = base.tokens_per_micro_batch  # the arms time one micro-batch per call
     with tempfile.TemporaryDirectory() as tmp:
         arms = {}
         for name, changes in arm_configs().items():

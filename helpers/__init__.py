@@ -17,11 +17,10 @@ import importlib
 
 _HOMES = {
     "helpers.config": ("Config", "ConfigError", "load_config", "from_dict", "with_changes"),
-    "helpers.record": ("RunRecord", "RecordError", "load_run", "median_summary"),
+    "helpers.record": ("RunRecord", "RecordError", "load_run", "median_summary", "memory_label", "memory_source"),
     "helpers.run.env": ("environment",),
     "helpers.run.peaks": ("hardware_peak", "matmul_shapes", "peak_flops", "peak_flops_info"),
     "helpers.run.profile": ("load_profile", "with_profiler"),
-    "helpers.run.memory": ("memory_label", "memory_source"),
     "helpers.run.device_profile": ("read_op_table",),
     "helpers.spawn.runner": ("launch", "profile_run"),
     "helpers.tune.rounds": ("Workbook", "RoundError", "load_runs"),

@@ -7,9 +7,8 @@ from pathlib import Path
 
 from helpers import config as config_mod
 from helpers.config import ConfigError, load_config
-from helpers.record import RecordError, load_run
+from helpers.record import RecordError, load_run, memory_label
 from helpers.units import mib_text
-from helpers.run.memory import memory_label
 from helpers.run.rows import PROGRESS_KINDS, progress_sink
 
 KNOWN_ERRORS = (ConfigError, RecordError)
@@ -74,7 +73,7 @@ def cmd_resume(args) -> int:
     if args.steps:
         changes["steps"] = args.steps
     from helpers.config import with_changes
-    from helpers.run.train import check_resumable
+    from helpers.run.checkpoints import check_resumable
     cfg = with_changes(record.config, changes)
     check_resumable(cfg)  # a finished run: one line, exit 2, nothing rewritten
     return _run(cfg, args.run_dir, args.progress)

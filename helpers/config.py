@@ -204,6 +204,12 @@ class Config:
         """Tokens per optimizer step (global batch × model.seq_len)."""
         return self.global_batch * self.model.seq_len
 
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        """Tokens one process computes per forward/backward pass (micro_batch_per_device × model.seq_len): the M of
+        the model's matmuls."""
+        return self.micro_batch_per_device * self.model.seq_len
+
 
 FP32_CELL_CHOICES = ("layernorm", "softmax")
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "parallel": ParallelConfig, "monitor": MonitorConfig}

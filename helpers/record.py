@@ -44,6 +44,28 @@ RENAMED_KEYS = (("verdict", "bottleneck"), ("verdict_evidence", "bottleneck_evid
                 ("profile_comm_share", "profile_comm_op_share"))
 
 
+# Which memory a summary's peak_memory_bytes is (its `memory_source`): process RSS on CPU, where MindSpore's
+# allocator counters are always 0; the device allocator's peak on GPU/Ascend (helpers/run/memory.py reads it).
+RSS = "process RSS"
+DEVICE = "device memory (ms.runtime.max_memory_allocated)"
+
+
+def memory_source(device_target: str) -> str:
+    """The memory a run on `device_target` reports as peak_memory_bytes: RSS on CPU, the device allocator elsewhere."""
+    return RSS if device_target == "CPU" else DEVICE
+
+
+def memory_label(summary_or_source: dict | str | None) -> str:
+    """Short column label for a peak-memory figure: 'peak RSS' or 'peak device memory'.
+
+    Takes a summary dict (its `memory_source`) or a source string; records written before the key existed were
+    all CPU runs, so a missing source reads as RSS.
+    """
+    source = (summary_or_source.get("memory_source") if isinstance(summary_or_source, dict)
+              else summary_or_source) or RSS
+    return "peak device memory" if source == DEVICE else "peak RSS"
+
+
 class RecordError(ValueError):
     """A run directory that cannot be read or written; one actionable line."""
 
@@ -92,21 +114,27 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """`value` with NaN/Inf as None and NumPy scalars as Python numbers, so JSON can hold it."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if hasattr(value, "item"):
-        return _json_safe(value.item())
+        return json_safe(value.item())
     return value
 
 
+def json_text(data: Any) -> str:
+    """The text of every JSON file of a record: indented, NaN/Inf as null, one newline at the end."""
+    return json.dumps(json_safe(data), indent=2, sort_keys=False) + "\n"
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
-    """JSON (NaN/Inf written as null) via atomic_write_text."""
-    atomic_write_text(path, json.dumps(_json_safe(data), indent=2, sort_keys=False) + "\n")
+    """JSON (`json_text`) via atomic_write_text."""
+    atomic_write_text(path, json_text(data))
 
 
 def rows_to_csv(rows: list[dict], columns: list[str] = METRIC_COLUMNS) -> str:

@@ -79,3 +79,11 @@ def test_cli_typo_fails_fast_with_one_line():
                 if line.startswith("import time:")}
     assert {"helpers", "yaml"} <= imported  # the import log is there to read
     assert imported.isdisjoint({"mindspore", "numpy", "pandas", "matplotlib", "papermill", "psutil"}), imported
+
+
+def test_derived_values_have_one_home():
+    """Global batch, the per-process micro-batch and the token counts are Config properties, read everywhere."""
+    cfg = from_dict({"batch_size": 8, "grad_accum_steps": 3, "model": {"seq_len": 64},
+                     "parallel": {"data_parallel": 2}})
+    assert (cfg.global_batch, cfg.micro_batch_per_device) == (24, 4)
+    assert (cfg.tokens_per_step, cfg.tokens_per_micro_batch) == (24 * 64, 4 * 64)

@@ -1,10 +1,16 @@
-"""The house's floors: each module imports only from its own layer or below, and no import cycle exists."""
+"""The house's floors: each module imports only from its own layer or below, no import cycle exists, and no module
+reaches into another's private names (`_x`).
+
+Tests are exempt from the private-name rule: a test may pin the behaviour of a module's internals; product code
+(helpers/, bench/) may not depend on them.
+"""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 HELPERS = Path(__file__).resolve().parent.parent / "helpers"
+BENCH = HELPERS.parent / "bench"
 # Ground floor first; a module may import its own floor or any floor below it.
 LAYERS = {"config": 0, "record": 0, "paths": 0, "units": 0, "paired": 0, "wire": 0, "run": 1, "spawn": 2, "tune": 3, "book": 4, "cli": 5,
           "__init__": 5, "__main__": 5}
@@ -97,3 +103,48 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
         assert layer("helpers.tune.rounds") > layer(module_name(bad))
     finally:
         bad.unlink()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_uses(path: Path) -> list[str]:
+    """Every private name of another helpers module that `path` imports (`from helpers.x import _y`) or reads
+    through a module it imported (`x._y` after `from helpers import x` or `import helpers.x as x`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    here = module_name(path) if path.is_relative_to(HELPERS) else ""
+    modules: dict[str, str] = {}  # local name → the helpers module it is bound to
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("helpers.") and a.asname:
+                    modules[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers") and not node.level:
+            for a in node.names:
+                if _exists(f"{node.module}.{a.name}"):
+                    modules[a.asname or a.name] = f"{node.module}.{a.name}"
+                elif _private(a.name) and node.module != here:
+                    found.append(f"{path.name}:{node.lineno} imports {node.module}.{a.name}")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and _private(node.attr) and modules[node.value.id] != here):
+            found.append(f"{path.name}:{node.lineno} reads {modules[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    used = [use for path in [*HELPERS.rglob("*.py"), *BENCH.glob("*.py")] for use in private_uses(path)]
+    assert not used, "\n".join(used)
+
+
+def test_the_private_name_check_sees_both_forms():
+    probe = HELPERS / "run" / "_private_probe.py"
+    probe.write_text("from helpers.tune.autotune import _median_run\nfrom helpers.spawn import zygote\n"
+                     "zygote._current = None\n", encoding="utf-8")
+    try:
+        assert private_uses(probe) == ["_private_probe.py:1 imports helpers.tune.autotune._median_run",
+                                       "_private_probe.py:3 reads helpers.spawn.zygote._current"]
+    finally:
+        probe.unlink()

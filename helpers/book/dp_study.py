@@ -138,9 +138,8 @@ def memory_check(record: RunRecord) -> pd.DataFrame:
     from helpers.run.data import Tokenizer
     vocab = cfg.model.vocab_size or Tokenizer.load(record.path / "tokenizer.json").vocab_size
     shape = shape_of(cfg, int(s["n_params"]), vocab)
-    per_rank = cfg.batch_size // cfg.parallel.data_parallel
-    e = estimate(shape, Strategy(dp=cfg.parallel.data_parallel, micro_batch=per_rank, dtype="fp32",
-                                 recompute=cfg.recompute == "blocks"))
+    e = estimate(shape, Strategy(dp=cfg.parallel.data_parallel, micro_batch=cfg.micro_batch_per_device,
+                                 dtype="fp32", recompute=cfg.recompute == "blocks"))
     return pd.DataFrame([{"run": record.path.name, "estimated model state (MiB)": e.model_state / MIB,
                           "estimated activations (MiB)": e.activations / MIB,
                           "estimated total (MiB)": e.total / MIB,

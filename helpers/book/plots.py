@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 
 from helpers.record import RunRecord
 from helpers.units import MIB
-from helpers.run.memory import DEVICE, memory_label
+from helpers.record import DEVICE, memory_label
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 

@@ -13,10 +13,9 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from helpers.record import RunRecord, median_summary
+from helpers.record import RunRecord, median_summary, memory_label
 from helpers.tune.rounds import load_runs
 from helpers.units import MIB
-from helpers.run.memory import memory_label
 
 
 def _num(value: Any, scale: float = 1.0, digits: int = 1):

@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from helpers.record import SUMMARY_FILE, RecordError, RunRecord, load_run
-from helpers.run.memory import memory_label
+from helpers.record import SUMMARY_FILE, RecordError, RunRecord, load_run, memory_label
 from helpers.tune.rounds import MARKER, Workbook
 from helpers.units import MIB
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from helpers.config import Config
 from helpers.run.data import DataGate
 from helpers.run.metrics import rss_bytes
-from helpers.run.train import Trainer
+from helpers.run.train import Trainer, Turns
 from helpers.wire import ArmReady, FinishRequest, StepRequest, StepResult, decode, encode
 
 
@@ -29,8 +29,7 @@ def serve(cfg: Config, run_dir: Path, arm: str, address: tuple[str, int], extra_
     """Build `cfg` into the record `run_dir`, then step on request; returns the exit code (0 ok, 1 when the record
     failed)."""
     _die_with_parent()
-    trainer = Trainer(cfg, run_dir)
-    trainer.gate, trainer.extra_steps = DataGate(), extra_steps
+    trainer = Trainer(cfg, run_dir, turns=Turns(DataGate(), extra_steps))
     with socket.create_connection(address) as sock, sock.makefile("rw", encoding="utf-8") as chan:
         def send(message) -> None:
             chan.write(encode(message) + "\n")
@@ -38,7 +37,7 @@ def serve(cfg: Config, run_dir: Path, arm: str, address: tuple[str, int], extra_
 
         try:
             trainer.start()
-        except Exception as exc:  # the record says failed (Trainer._fail)
+        except Exception as exc:  # the record says failed (the Trainer recorded it)
             send(ArmReady(arm, os.getpid(), "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
             return 1
         send(ArmReady(arm, os.getpid(), "ok"))
@@ -47,7 +46,7 @@ def serve(cfg: Config, run_dir: Path, arm: str, address: tuple[str, int], extra_
             if isinstance(message, StepRequest):
                 try:
                     send(_step(trainer, message))
-                except Exception as exc:  # recorded as failed by Trainer._fail; the parent reads why
+                except Exception as exc:  # recorded as failed by the Trainer; the parent reads why
                     send(StepResult([], [], None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"))
                     return 1
             elif isinstance(message, FinishRequest):
@@ -61,9 +60,8 @@ def _step(trainer: Trainer, message: StepRequest) -> StepResult:
     times, waits = trainer.measure_block(message.steps)
     if message.warm and (trainer.outcome is None or trainer.outcome.status == "ok"):
         trainer.evaluate()
-    rows = trainer.writer.rows
     ended = trainer.outcome.status if trainer.outcome is not None else ""
-    return StepResult(times, waits, rows[-1]["loss"] if rows else None, ended, rss_bytes())
+    return StepResult(times, waits, trainer.last_loss, ended, rss_bytes())
 
 
 def _die_with_parent() -> None:
@@ -84,6 +82,6 @@ def _finish(trainer: Trainer, message: FinishRequest) -> int:
         while message.complete and trainer.outcome is None:
             trainer.step_block(trainer.cfg.steps)
         trainer.finish(message.reason)
-    except Exception:  # recorded as failed by Trainer._fail
+    except Exception:  # recorded as failed by the Trainer
         return 1
     return 0 if trainer.outcome.status in ("ok", "stopped") else 1

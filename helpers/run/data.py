@@ -516,12 +516,12 @@ class _RankRows:
         return x[self.start:self.stop], y[self.start:self.stop]
 
 
-def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, shard: tuple[int, int] | None = None,
+def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, rank: int | None = None,
                   gate: DataGate = OPEN_GATE, extra_batches: int = 0):
     """MindSpore dataset of (x, y) int32 [batch_size, seq_len] batches, y = x shifted by one token.
 
-    shard=(rank, n): data parallel; every rank draws the same global batches and keeps its contiguous
-    batch_size/n rows, so the n shards of a step together are exactly the single-process batch.
+    rank: data parallel; every rank draws the same global batches and keeps its contiguous
+    cfg.micro_batch_per_device rows, so the ranks' shards of a step together are exactly the single-process batch.
     gate: the pipeline works only while it is open (an arm of a round that takes turns, see DataGate).
     extra_batches: batches past the run's own, from the same pipeline (a round's measurement-only steps, so
     they meet the pipeline's steady state, not a second pipeline filling up beside the first). A run whose shuffle
@@ -567,8 +567,8 @@ def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, shard: tup
 
     pipe = to_xy(shuffle(source)) if data.order == "shuffle_first" else shuffle(to_xy(source))
     pipe = pipe.batch(batch, drop_remainder=True)
-    if shard is not None:
-        pipe = pipe.map(operations=_RankRows(shard[0], batch // shard[1]), input_columns=["x", "y"],
+    if rank is not None:
+        pipe = pipe.map(operations=_RankRows(rank, cfg.micro_batch_per_device), input_columns=["x", "y"],
                         output_columns=["x", "y"])
     return pipe.skip(skip_batches) if skip_batches else pipe
 

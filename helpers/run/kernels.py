@@ -2,8 +2,9 @@
 
 `make kernels` builds native/build/libwbkernels.so with g++ and records the SHA-256 of the sources it was built
 from; a library that is missing or older than the sources is refused in one line (a stale library would run
-code that is no longer in the repository). `resolve_kernels(cfg)` turns `model.kernels=auto` into `native` only
-where the library is usable: on CPU, in fp32, built and current.
+code that is no longer in the repository). `resolve_kernels(cfg)` is the one rule for `model.kernels`: `auto`
+becomes `native` only where the library is usable (on CPU, in fp32, built and current). A run resolves it once
+(helpers/run/train.py) and hands the value to the model (`model.build_model`), which never reads the config string.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from helpers.paths import REPO_ROOT
 NATIVE_DIR = REPO_ROOT / "native"
 LIBRARY = NATIVE_DIR / "build" / "libwbkernels.so"
 SOURCES_HASH = NATIVE_DIR / "build" / "sources.sha256"
+NATIVE, MINDSPORE = "native", "mindspore"  # what resolve_kernels returns
 
 
 def sources_digest() -> str:
@@ -41,31 +43,22 @@ def resolve_kernels(cfg: Config) -> str:
     """'native' or 'mindspore' for this run. `auto` picks native on CPU in fp32 when the library is current;
     an explicit `native` whose library is missing or stale raises a one-line ConfigError."""
     choice = cfg.model.kernels
-    if choice == "mindspore":
-        return choice
+    if choice == MINDSPORE:
+        return MINDSPORE
     problem = library_problem()
-    if choice == "native":
+    if choice == NATIVE:
         if problem:
             raise ConfigError(f"model.kernels=native: {problem}; or set model.kernels=mindspore")
-        return choice
+        return NATIVE
     usable = cfg.device_target == "CPU" and cfg.amp_level == "O0" and not problem
-    return "native" if usable else "mindspore"
+    return NATIVE if usable else MINDSPORE
 
 
 def _func(name: str) -> str:
     return f"{LIBRARY}:{name}"
 
 
-class _Ops:
-    """The custom primitives, built once per process (building one checks the library file)."""
-
-    _cache: dict = {}
-
-    @classmethod
-    def get(cls):
-        if not cls._cache:
-            cls._cache.update(_build_ops())
-        return cls._cache
+_OPS: dict = {}  # the custom primitives of this process, once built (native_ops)
 
 
 def _build_ops() -> dict:
@@ -121,8 +114,11 @@ def _build_ops() -> dict:
 
 def native_ops() -> dict:
     """{'layernorm', 'gelu', 'causal_softmax', 'bias_add', 'bias_gelu'} → Custom primitives (inputs and outputs as
-    in native/wb_kernels.cc); raises ConfigError if the library is unusable."""
-    problem = library_problem()
-    if problem:
-        raise ConfigError(f"model.kernels=native: {problem}; or set model.kernels=mindspore")
-    return _Ops.get()
+    in native/wb_kernels.cc), built once per process: the library is checked (its sources hashed) on the first
+    call only, and a ConfigError then says why it is unusable. Every layer of a model asks for them."""
+    if not _OPS:
+        problem = library_problem()
+        if problem:
+            raise ConfigError(f"model.kernels=native: {problem}; or set model.kernels=mindspore")
+        _OPS.update(_build_ops())
+    return _OPS

@@ -4,29 +4,12 @@ On CPU MindSpore's allocator counters are always 0 (documented for `ms.runtime.m
 run's memory is process RSS (psutil / ru_maxrss). On GPU and Ascend the figure that matters is the device
 allocator's peak: `DeviceMemory` reads `ms.runtime.max_memory_allocated()` after every step and resets it, so each
 metrics row holds that step's own peak and the run's peak is their maximum. Every summary names its source in
-`memory_source`, and tables label the column from it.
+`memory_source`, and tables label the column from it (both in helpers/record.py, where a summary's readers reach
+them).
 """
 from __future__ import annotations
 
-RSS = "process RSS"
-DEVICE = "device memory (ms.runtime.max_memory_allocated)"
 DEVICE_LIMIT_FRACTION = 0.9  # the default memory gate: 90% of RAM (CPU) or of the device's memory (GPU/Ascend)
-
-
-def memory_source(device_target: str) -> str:
-    """The memory a run on `device_target` reports as peak_memory_bytes: RSS on CPU, the device allocator elsewhere."""
-    return RSS if device_target == "CPU" else DEVICE
-
-
-def memory_label(summary_or_source: dict | str | None) -> str:
-    """Short column label for a peak-memory figure: 'peak RSS' or 'peak device memory'.
-
-    Takes a summary dict (its `memory_source`) or a source string; records written before the key existed were
-    all CPU runs, so a missing source reads as RSS.
-    """
-    source = (summary_or_source.get("memory_source") if isinstance(summary_or_source, dict)
-              else summary_or_source) or RSS
-    return "peak device memory" if source == DEVICE else "peak RSS"
 
 
 class DeviceMemory:

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import psutil
 
-from helpers.run.memory import DEVICE, RSS
+from helpers.record import DEVICE, RSS
 
 _PROCESS = psutil.Process()
 

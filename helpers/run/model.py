@@ -15,7 +15,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
 from helpers.config import Config, ModelConfig
-from helpers.run.kernels import native_ops, resolve_kernels
+from helpers.run.kernels import NATIVE, native_ops
 
 
 class RMSNorm(nn.Cell):
@@ -105,32 +105,31 @@ class _GeluManualFn(nn.Cell):
         return (dout * (cdf + x * pdf),)
 
 
-def make_gelu(cfg: ModelConfig, kernels: str) -> nn.Cell | object:
+def make_gelu(cfg: ModelConfig, native: bool) -> nn.Cell | object:
     """The exact-erf GELU: the native kernel, the hand-written formulation, or nn.GELU(approximate=False)."""
-    if kernels == "native":
+    if native:
         return native_ops()["gelu"]
     if cfg.gelu == "erf_manual":
         return _GeluManualFn()
     return nn.GELU(approximate=False)
 
 
-def make_norm(cfg: ModelConfig, kernels: str = "mindspore") -> nn.Cell:
+def make_norm(cfg: ModelConfig, native: bool) -> nn.Cell:
     """LayerNorm (always with a bias in MindSpore; native kernels, hand-written or MindSpore backward) or RMSNorm."""
     if cfg.norm == "rmsnorm":
         return RMSNorm(cfg.d_model)
-    if kernels == "native":
+    if native:
         return LayerNorm(cfg.d_model, 1e-5, "native")
     if cfg.norm_backward == "manual":
         return LayerNorm(cfg.d_model, 1e-5, "manual")
     return nn.LayerNorm((cfg.d_model,), epsilon=1e-5)
 
 
-def _dense(d_in: int, d_out: int, bias: bool, std: float, kernels: str = "mindspore", bias_op: str = "bias_add"
-           ) -> nn.Dense:
+def _dense(d_in: int, d_out: int, bias: bool, std: float, native: bool, bias_op: str = "bias_add") -> nn.Dense:
     """nn.Dense; with native kernels its BiasAdd (and BiasAddGrad, ≈ 0.2 ms per call on CPU) is the native
     `bias_op` ('bias_add', or 'bias_gelu' = bias add and exact GELU in one kernel). Same parameters and names."""
     dense = nn.Dense(d_in, d_out, weight_init=Normal(std), bias_init="zeros", has_bias=bias)
-    if kernels == "native" and bias:
+    if native and bias:
         dense.bias_add = native_ops()[bias_op]  # nn.Dense.construct calls self.bias_add(x, self.bias) on 2-D x
     return dense
 
@@ -138,17 +137,17 @@ def _dense(d_in: int, d_out: int, bias: bool, std: float, kernels: str = "mindsp
 class CausalSelfAttention(nn.Cell):
     """Multi-head causal attention; q,k,v from one fused Dense split by ops.Split, or three Dense cells."""
 
-    def __init__(self, cfg: ModelConfig, proj_std: float, kernels: str = "mindspore"):
+    def __init__(self, cfg: ModelConfig, proj_std: float, native: bool):
         super().__init__()
         d = cfg.d_model
         self.n_head, self.head_dim = cfg.n_head, d // cfg.n_head
         self.mode = cfg.qkv
         if cfg.qkv != "separate":
-            self.qkv = _dense(d, 3 * d, cfg.bias, 0.02, kernels)
+            self.qkv = _dense(d, 3 * d, cfg.bias, 0.02, native)
             self.split = ops.Split(axis=-1, output_num=3)
         else:
-            self.q, self.k, self.v = (_dense(d, d, cfg.bias, 0.02, kernels) for _ in range(3))
-        self.proj = _dense(d, d, cfg.bias, proj_std, kernels)
+            self.q, self.k, self.v = (_dense(d, d, cfg.bias, 0.02, native) for _ in range(3))
+        self.proj = _dense(d, d, cfg.bias, proj_std, native)
         self.scores = ops.BatchMatMul(transpose_b=True)
         self.mix = ops.BatchMatMul()
         self.softmax = nn.Softmax(axis=-1)
@@ -156,7 +155,7 @@ class CausalSelfAttention(nn.Cell):
         self.reshape = ops.Reshape()
         self.scale = 1.0 / math.sqrt(self.head_dim)
         # native: scale, causal mask and softmax in one kernel each way (no mask tensor, no Mul/Add/SoftmaxGrad)
-        self.causal_softmax = native_ops()["causal_softmax"] if kernels == "native" else None
+        self.causal_softmax = native_ops()["causal_softmax"] if native else None
         self.scale_t = Tensor(np.array([self.scale], np.float32))
         # -1e4 (not -inf) stays finite in fp16 and still zeroes the masked softmax weights.
         mask = np.triu(np.full((cfg.seq_len, cfg.seq_len), -1e4, np.float32), k=1)
@@ -199,29 +198,29 @@ class CausalSelfAttention(nn.Cell):
 class MLP(nn.Cell):
     """GELU (exact erf, as nanoGPT) or SwiGLU feed-forward."""
 
-    def __init__(self, cfg: ModelConfig, proj_std: float, kernels: str = "mindspore"):
+    def __init__(self, cfg: ModelConfig, proj_std: float, native: bool):
         super().__init__()
         d = cfg.d_model
         self.swiglu = cfg.mlp == "swiglu"
         if self.swiglu:
             hidden = 8 * ((8 * d // 3 + 7) // 8)
-            self.gate = _dense(d, hidden, False, 0.02)
-            self.up = _dense(d, hidden, False, 0.02)
+            self.gate = _dense(d, hidden, False, 0.02, native)
+            self.up = _dense(d, hidden, False, 0.02, native)
             self.act = nn.SiLU()
         elif cfg.dense_act:
             hidden = 4 * d
             self.up = nn.Dense(d, hidden, weight_init=Normal(0.02), bias_init="zeros", has_bias=cfg.bias,
-                               activation=make_gelu(cfg, kernels))
+                               activation=make_gelu(cfg, native))
             self.act = None
-        elif kernels == "native" and cfg.bias:  # bias add + GELU as one native kernel each way
+        elif native and cfg.bias:  # bias add + GELU as one native kernel each way
             hidden = 4 * d
-            self.up = _dense(d, hidden, cfg.bias, 0.02, kernels, bias_op="bias_gelu")
+            self.up = _dense(d, hidden, cfg.bias, 0.02, native, bias_op="bias_gelu")
             self.act = None
         else:
             hidden = 4 * d
-            self.up = _dense(d, hidden, cfg.bias, 0.02, kernels)
-            self.act = make_gelu(cfg, kernels)
-        self.down = _dense(hidden, d, cfg.bias and not self.swiglu, proj_std, kernels)
+            self.up = _dense(d, hidden, cfg.bias, 0.02, native)
+            self.act = make_gelu(cfg, native)
+        self.down = _dense(hidden, d, cfg.bias and not self.swiglu, proj_std, native)
         self.drop = nn.Dropout(p=cfg.dropout) if cfg.dropout > 0 else None
 
     def construct(self, x):
@@ -236,11 +235,11 @@ class MLP(nn.Cell):
 class Block(nn.Cell):
     """Pre-norm transformer block."""
 
-    def __init__(self, cfg: ModelConfig, proj_std: float, kernels: str = "mindspore"):
+    def __init__(self, cfg: ModelConfig, proj_std: float, native: bool):
         super().__init__()
-        self.norm1, self.norm2 = make_norm(cfg, kernels), make_norm(cfg, kernels)
-        self.attn = CausalSelfAttention(cfg, proj_std, kernels)
-        self.mlp = MLP(cfg, proj_std, kernels)
+        self.norm1, self.norm2 = make_norm(cfg, native), make_norm(cfg, native)
+        self.attn = CausalSelfAttention(cfg, proj_std, native)
+        self.mlp = MLP(cfg, proj_std, native)
 
     def construct(self, x):
         x = x + self.attn(self.norm1(x))
@@ -250,19 +249,18 @@ class Block(nn.Cell):
 class GPT(nn.Cell):
     """Token ids [B, T] int32 → logits [B*T, vocab]; lm_head tied to the token embedding (as nanoGPT).
 
-    `kernels` is the resolved choice ('mindspore' or 'native'; see kernels.resolve_kernels); None takes
-    cfg.kernels, with 'auto' meaning MindSpore's ops (only a full Config knows device and precision).
+    native: the run's resolved kernels choice is native (`kernels.resolve_kernels`, made once per run; this class
+    never reads cfg.kernels), else MindSpore's ops.
     """
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, kernels: str | None = None):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, native: bool):
         super().__init__()
-        kernels = kernels or ("native" if cfg.kernels == "native" else "mindspore")
         self.vocab_size, self.d_model = vocab_size, cfg.d_model
         self.tok = nn.Embedding(vocab_size, cfg.d_model, embedding_table=Normal(0.02))
         self.pos = Parameter(initializer(Normal(0.02), (1, cfg.seq_len, cfg.d_model), ms.float32), name="pos")
         proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
-        self.blocks = nn.CellList([Block(cfg, proj_std, kernels) for _ in range(cfg.n_layer)])
-        self.norm = make_norm(cfg, kernels)
+        self.blocks = nn.CellList([Block(cfg, proj_std, native) for _ in range(cfg.n_layer)])
+        self.norm = make_norm(cfg, native)
         self.head = ops.MatMul(transpose_b=True)
         self.reshape = ops.Reshape()
         self.drop = nn.Dropout(p=cfg.dropout) if cfg.dropout > 0 else None
@@ -321,8 +319,9 @@ class LossNet(nn.Cell):
         return self.loss(logits, self.reshape(y, (-1,)))
 
 
-def build_model(cfg: Config, vocab_size: int) -> nn.Cell:
-    """The backbone: our GPT, or the user's `model.build = 'pkg.mod:fn'` called as fn(model_cfg, vocab_size)."""
+def build_model(cfg: Config, vocab_size: int, kernels: str) -> nn.Cell:
+    """The backbone: our GPT, or the user's `model.build = 'pkg.mod:fn'` called as fn(model_cfg, vocab_size).
+    kernels: the run's resolved choice, 'native' or 'mindspore' (`kernels.resolve_kernels`)."""
     if cfg.model.build:
         module_name, _, func_name = cfg.model.build.partition(":")
         try:
@@ -336,7 +335,7 @@ def build_model(cfg: Config, vocab_size: int) -> nn.Cell:
         # AMP O1 rewrites the network's source and fails on the hand-written-backward LayerNorm subclass
         # ("LayerNormOpt.__init__() takes 1 positional argument but 2 were given"): it gets MindSpore's
         model_cfg = dataclasses.replace(model_cfg, norm_backward="mindspore")
-    return GPT(model_cfg, vocab_size, resolve_kernels(cfg))
+    return GPT(model_cfg, vocab_size, kernels == NATIVE)
 
 
 def count_params(net: nn.Cell) -> int:

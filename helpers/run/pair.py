@@ -3,7 +3,7 @@ model, optimizer, data pipeline and compiled step Cell, then trained in alternat
 R C, C R, R C, …) so that whatever else the machine does hits both arms alike.
 
 Each arm still writes a normal run record (its `cfg.steps` steps, evals, checkpoint) into its own folder; blocks
-that go on past an arm's last recorded step are measurement-only (`Trainer.extra_steps`). The block step times
+that go on past an arm's last recorded step are measurement-only (`train.Turns.extra_steps`). The block step times
 go to `paired.json` in the round folder, with each step's data wait and the CPU other processes used during each
 pair; the estimator that reads them is helpers/paired.py (the `stop` callable passed in decides after each pair
 whether to go on). Each arm's input pipeline works only while that arm steps (data.DataGate), as in a run of its
@@ -30,18 +30,19 @@ from helpers.run.data import DataGate
 from helpers.run.foreign import ForeignLoad
 from helpers.run.metrics import peak_rss_bytes, rss_bytes
 from helpers.run.profile import window_steps, with_profiler
-from helpers.run.train import Trainer, configure_mindspore
+from helpers.run.train import Phase, Trainer, Turns, configure_mindspore
+from helpers.wire import PAIRED_FILE, PairDone, PairStart, encode
 
-PAIRED_FILE = "paired.json"
 MEMORY_SCOPE = ("paired process: peak_memory_bytes is this arm's own ({how}); rows' rss_bytes and "
                 "process_peak_rss_bytes are the whole process (both arms)")
 
 StopRule = Callable[[Measurement], bool]
+MakeTrainer = Callable[[Config, Path, Turns], Trainer]  # (arm config, arm record folder, how it takes turns)
 
 
-def _emit(kind: str, **data) -> None:
-    """One JSON progress line for the parent (`spawn/paired.py` reads them)."""
-    print(json.dumps({"paired": kind, **data}), flush=True)
+def _emit(message: PairStart | PairDone) -> None:
+    """One progress line for the parent (`wire.encode`; in msrun's log, which `spawn/paired.py` follows)."""
+    print(encode(message), flush=True)
 
 
 def _warm(trainer: Trainer, steps: int) -> list[float]:
@@ -70,11 +71,9 @@ class _Arms:
     """The two Trainers of the process and which records are written."""
 
     def __init__(self, reference: Config, candidate: Config, folder: Path, extra_steps: int,
-                 make_trainer: Callable[[Config, Path], Trainer]):
-        self.trainers = {"candidate": make_trainer(candidate, folder / "candidate"),
-                         "reference": make_trainer(reference, folder / "reference")}
-        for trainer in self.trainers.values():
-            trainer.shares_process, trainer.extra_steps, trainer.gate = True, extra_steps, DataGate()
+                 make_trainer: MakeTrainer):
+        self.trainers = {name: make_trainer(cfg, folder / name, Turns(DataGate(), extra_steps, shares_process=True))
+                         for name, cfg in (("candidate", candidate), ("reference", reference))}
 
     def block(self, name: str, k: int) -> tuple[list[float], list[float | None]]:
         """K step times of one arm and their data waits (ms), see `Trainer.measure_block`."""
@@ -83,8 +82,7 @@ class _Arms:
     def row(self, name: str, times_ms: list[float], step: int) -> dict:
         """What the parent's live view draws for one arm after a block: its step count, its record's latest
         loss (None before the first row) and tokens/s at the block's median step time."""
-        rows = self.trainers[name].writer.rows
-        return {"step": step, "loss": rows[-1]["loss"] if rows else None,
+        return {"step": step, "loss": self.trainers[name].last_loss,
                 "tokens_per_s": self.tokens_per_step(name) * 1000.0 / statistics.median(times_ms)}
 
     def tokens_per_step(self, name: str) -> int:
@@ -98,20 +96,20 @@ class _Arms:
         """Train each record to its last step and write its summary; once one arm failed or ended early, the
         other stops where it is (status 'stopped', naming why)."""
         for name, trainer in self.trainers.items():
-            if trainer.finished or not hasattr(trainer, "_base"):
-                continue  # written already, or never started (its own record or the error says why)
+            if trainer.phase in (Phase.BUILT, Phase.FINISHED):
+                continue  # never started, or written already (a failed start too: its record says why)
             other = next(n for n in self.trainers if n != name)
             try:
                 while trainer.outcome is None and not self.broken() and out["status"] != "failed":
                     trainer.step_block(trainer.cfg.steps)
                 trainer.finish(f"the {other} arm of this paired round ended first ({out['reason']})")
-            except Exception:  # its record says failed (Trainer._fail); the other arm is still completed
+            except Exception:  # its record says failed; the other arm is still completed
                 out["status"] = "failed"
 
 
 def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: int, max_pairs: int,
-             stop: StopRule, make_trainer: Callable[[Config, Path], Trainer] = Trainer,
-             setup: Callable[[], None] | None = None, paired_file: str = PAIRED_FILE,
+             stop: StopRule, make_trainer: MakeTrainer, setup: Callable[[], None] | None = None,
+             paired_file: str = PAIRED_FILE,
              interleave: str = "blocks", profile_steps: int = 0,
              own_pids: Callable[[], list[int]] | None = None) -> dict:
     """Train both arms in this process and measure them in ABBA blocks; returns (and writes) the raw record.
@@ -121,8 +119,9 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     max_pairs: the budget in block pairs; stop(pairs) → True ends the
     measurement early (pairs = [(reference ms list, candidate ms list), …]). Both records are completed to
     their `steps` whatever the measurement needed. A failure or NaN in one arm ends the other as 'stopped'.
-    A data-parallel rank (helpers/spawn/dp_worker.py) passes its own `make_trainer(cfg, run_dir)`, a `setup`
-    run once after MindSpore is configured (joining the process group) and its own `paired_file` name.
+    make_trainer(cfg, run_dir, turns) makes each arm's Trainer: a data-parallel rank (helpers/spawn/dp_worker.py)
+    makes its rank's, and passes a `setup` run once after MindSpore is configured (joining the process group) and
+    its own `paired_file` name.
     profile_steps: each arm gets a profiler window of that many steps right after its own steady_after (an arm
     whose config has a window keeps it); the warm-up of both arms runs to the later window's end, so every
     profiled step is taken while the other arm is not stepping (the candidate's before the reference exists):
@@ -149,36 +148,9 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
            "warmup_ms": {}}
     memory = out["memory"] = {"rss_before_models_bytes": rss_base}
     try:
-        for name in ("candidate", "reference"):  # the candidate first: its high-water is then its own
-            _emit("start", arm=name)
-            before = rss_bytes()
-            arms.trainers[name].start()
-            out["warmup_ms"][name] = _warm(arms.trainers[name], warmup)
-            # resident memory the arm added, after its warm-up: the same measure for both arms (the ratio)
-            memory[f"{name}_resident_bytes"] = rss_base + rss_bytes() - before
-            if name == "candidate":  # the high-water so far is the candidate's alone: the gate's figure
-                memory["candidate_peak_bytes"] = peak_rss_bytes()
-        memory["reference_peak_bytes"] = rss_base + max(0, peak_rss_bytes() - memory["candidate_resident_bytes"])
+        _warm_arms(arms, warmup, out)
         out["setup_s"] = time.perf_counter() - t0
-        tokens = tuple(out["tokens_per_step"][n] for n in ("reference", "candidate"))
-        foreign = ForeignLoad(own_pids)
-        for i in range(max_pairs):
-            order = ("reference", "candidate") if i % 2 == 0 else ("candidate", "reference")
-            foreign.start()
-            got = _interleaved(arms, order, block_steps) if interleave == "steps" else \
-                {name: arms.block(name, block_steps) for name in order}
-            if arms.broken() or any(len(v[0]) < block_steps for v in got.values()):
-                out["status"] = "ended"
-                out["reason"] = f"{', '.join(arms.broken()) or 'an arm'} ended before pair {i + 1} was complete"
-                break
-            out["pairs"].append((got["reference"][0], got["candidate"][0]))
-            out["waits"].append((got["reference"][1], got["candidate"][1]))
-            out["foreign_cores"].append(foreign.read())
-            out["first_in_pair"].append(order[0])
-            _emit("pair", pair=i + 1, max_pairs=max_pairs,
-                  arms={name: arms.row(name, got[name][0], warmup + (i + 1) * block_steps) for name in order})
-            if stop(Measurement(out["pairs"], tokens, out["waits"], out["foreign_cores"])):
-                break
+        _measure_pairs(arms, out, stop, own_pids)
         out["status"] = "ok" if out["status"] == "running" else out["status"]
         out["measure_s"] = time.perf_counter() - t0 - out["setup_s"]
     except Exception as exc:  # the arm that raised has a failed record; the round reads it from there
@@ -188,6 +160,47 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
     out["wall_s"] = time.perf_counter() - t0
     atomic_write_json(folder / paired_file, out)
     return out
+
+
+def _warm_arms(arms: _Arms, warmup: int, out: dict) -> None:
+    """Start and warm up each arm, the candidate first: the process high-water after it is then the candidate's
+    own peak (the memory gate's figure); the reference's is estimated on top of it (module docstring)."""
+    memory = out["memory"]
+    rss_base = memory["rss_before_models_bytes"]
+    for name in ("candidate", "reference"):
+        _emit(PairStart(name))
+        before = rss_bytes()
+        arms.trainers[name].start()
+        out["warmup_ms"][name] = _warm(arms.trainers[name], warmup)
+        # resident memory the arm added, after its warm-up: the same measure for both arms (the ratio)
+        memory[f"{name}_resident_bytes"] = rss_base + rss_bytes() - before
+        if name == "candidate":  # the high-water so far is the candidate's alone: the gate's figure
+            memory["candidate_peak_bytes"] = peak_rss_bytes()
+    memory["reference_peak_bytes"] = rss_base + max(0, peak_rss_bytes() - memory["candidate_resident_bytes"])
+
+
+def _measure_pairs(arms: _Arms, out: dict, stop: StopRule, own_pids: Callable[[], list[int]] | None) -> None:
+    """The ABBA pairs of `out`'s plan (block_steps, max_pairs, interleave) into `out`, each with its data waits and
+    the outside load meanwhile, until `stop`, the budget, or an arm's record ends before a pair is complete."""
+    k, max_pairs, warmup = out["block_steps"], out["max_pairs"], out["warmup_steps"]
+    tokens = tuple(out["tokens_per_step"][n] for n in ("reference", "candidate"))
+    foreign = ForeignLoad(own_pids)
+    for i in range(max_pairs):
+        order = ("reference", "candidate") if i % 2 == 0 else ("candidate", "reference")
+        foreign.start()
+        got = _interleaved(arms, order, k) if out["interleave"] == "steps" else \
+            {name: arms.block(name, k) for name in order}
+        if arms.broken() or any(len(v[0]) < k for v in got.values()):
+            out["status"] = "ended"
+            out["reason"] = f"{', '.join(arms.broken()) or 'an arm'} ended before pair {i + 1} was complete"
+            return
+        out["pairs"].append((got["reference"][0], got["candidate"][0]))
+        out["waits"].append((got["reference"][1], got["candidate"][1]))
+        out["foreign_cores"].append(foreign.read())
+        out["first_in_pair"].append(order[0])
+        _emit(PairDone(i + 1, max_pairs, {name: arms.row(name, got[name][0], warmup + (i + 1) * k) for name in order}))
+        if stop(Measurement(out["pairs"], tokens, out["waits"], out["foreign_cores"])):
+            return
 
 
 def _interleaved(arms: _Arms, order: tuple[str, str], k: int) -> dict[str, tuple[list[float], list[float | None]]]:

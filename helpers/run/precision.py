@@ -32,14 +32,15 @@ def _short(dtype) -> str:
     return {"Float16": "fp16", "Float32": "fp32", "BFloat16": "bf16", "Int32": "int32"}.get(str(dtype), str(dtype))
 
 
-def dtype_audit(cfg: Config, vocab_size: int) -> list[AuditRow]:
-    """Run the audit for `cfg` (switches MindSpore to PyNative for the pass and back to cfg.mode)."""
+def dtype_audit(cfg: Config, vocab_size: int, kernels: str) -> list[AuditRow]:
+    """Run the audit for `cfg` with the run's resolved `kernels` (`kernels.resolve_kernels`); switches MindSpore to
+    PyNative for the pass and back to cfg.mode."""
     import mindspore as ms
     from helpers.run.model import build_model
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     try:
-        raw = build_model(cfg, vocab_size)
+        raw = build_model(cfg, vocab_size, kernels)
         net = apply_precision(raw, cfg)
         wanted = {k for name in cfg.fp32_cells for k in PROTECTED_KINDS[name]}
         rows, handles = [], []

@@ -1,38 +1,20 @@
-"""Where a step's metrics row goes after the train loop builds it: the step-sink protocol and the wire format.
+"""Where a step's metrics row goes after the train loop builds it: the step-sink protocol.
 
 A sink is any callable `sink(row, total_steps)`. The record writer keeps every row; progress sinks show it
-(a bar, a log line per 10%, or one JSON line on stdout for a parent process to read back with `decode_row`).
-The JSON-lines format is encoded and decoded only here.
+(a bar, a log line per 10%, or one JSON line on stdout for a parent process to read back: `wire.StepRow`).
 """
 from __future__ import annotations
 
-import json
 import sys
 from typing import Callable, Protocol
 
-WIRE_KEYS = ("step", "loss", "tokens_per_s", "step_time_ms")  # what a parent needs for its progress display
+from helpers.wire import StepRow, encode_row
+
 PROGRESS_KINDS = ("bar", "json", "log", "none")
 
 
 class StepSink(Protocol):
     def __call__(self, row: dict, total: int) -> None: ...
-
-
-def encode_row(row: dict) -> str:
-    """One JSON line (no newline) carrying the row's WIRE_KEYS."""
-    return json.dumps({k: row[k] for k in WIRE_KEYS})
-
-
-def decode_row(line: str) -> dict | None:
-    """A row from one line of a child's output, or None for any other line (logs, warnings, blank)."""
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        row = json.loads(line)
-    except ValueError:
-        return None
-    return row if isinstance(row, dict) and "step" in row else None
 
 
 def fan_out(*sinks: StepSink | None) -> StepSink:
@@ -46,11 +28,12 @@ def fan_out(*sinks: StepSink | None) -> StepSink:
 
 
 def progress_sink(kind: str) -> StepSink | None:
-    """A progress sink: 'bar' (tqdm on stderr), 'json' (encode_row on stdout), 'log' (a line per 10%), 'none'."""
+    """A progress sink: 'bar' (tqdm on stderr), 'json' (wire.encode_row on stdout), 'log' (a line per 10%),
+    'none'."""
     if kind == "none":
         return None
     if kind == "json":
-        return lambda row, total: print(encode_row(row), flush=True)
+        return lambda row, total: print(encode_row(StepRow.of(row)), flush=True)
     if kind == "bar":
         return _bar_sink()
 

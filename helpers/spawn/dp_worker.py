@@ -7,33 +7,25 @@ RUN/ranks/rank_K/ without checkpoints. Every rank writes RUN/ranks/rank_K.json (
 peak RSS, profiled collective time) for `rankmerge` to merge after msrun returns.
 
 With `--pair REQUEST` (a paired round on a data-parallel best, `helpers.spawn.paired`) every rank runs both arms
-in ABBA blocks (helpers/run/pair.py), each arm a RankTrainer whose step graph is compiled under its own all-reduce
+in ABBA blocks (helpers/run/pair.py), each arm a rank's Trainer whose step graph is compiled under its own all-reduce
 fusion setting; the ranks write FOLDER/paired_rank_K.json and each arm's FOLDER/<arm>/ranks/rank_K.json. Each
 arm's all-reduces are profiled (parallel.comm_profile_steps) in its own warm-up, while the other arm waits.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
 from helpers.config import Config, load_config, with_changes
-from helpers.run.data import train_dataset
 from helpers.run.metrics import peak_rss_bytes
 from helpers.run.profile import comm_per_step, load_profile
-from helpers.record import RecordError, atomic_write_json
+from helpers.record import RecordError, atomic_write_text
 from helpers.run.rows import fan_out, progress_sink
-from helpers.run.train import Trainer
-
-ROW_KEYS = ("step", "step_time_ms", "data_wait_ms", "loss", "grad_norm")  # what a rank file keeps per step
-
-
-def rank_file(run_dir: str | Path, rank: int) -> Path:
-    """Where rank `rank` writes its per-step figures."""
-    return Path(run_dir) / "ranks" / f"rank_{rank}.json"
+from helpers.run.train import Rank, Trainer, Turns
+from helpers.wire import RANKS_DIR, RankFile, decode_pair_request, encode_rank_file, paired_rank_file, rank_file
 
 
 def join_process_group(cfg: Config) -> None:
@@ -60,38 +52,25 @@ def set_fusion(cfg: Config) -> None:
     ms.set_auto_parallel_context(**knobs)
 
 
-class RankTrainer(Trainer):
-    """The Trainer on one rank: reads its shard; only rank 0 writes the record and checkpoints."""
-
-    def __init__(self, cfg: Config, run_dir: Path, rank: int, size: int, progress):
-        self.rank, self.size = rank, size
-        super().__init__(cfg, run_dir if rank == 0 else run_dir / "ranks" / f"rank_{rank}", progress)
-
-    def _configure(self) -> None:
-        super()._configure()
-        if self.shares_process:  # a paired process: the group is joined; this arm's fusion before its build
-            set_fusion(self.cfg)
-        else:
-            join_process_group(self.cfg)
-
-    def _build(self):
-        super()._build()
-        self._train_dataset = lambda skip: train_dataset(self.cfg, self.prep, skip_batches=skip,
-                                                         shard=(self.rank, self.size), gate=self.gate,
-                                                         extra_batches=self.extra_steps * self.cfg.grad_accum_steps)
-
-    def _save_checkpoint(self, step: int) -> None:
-        if self.rank == 0:
-            super()._save_checkpoint(step)
+def rank_dir(run_dir: Path, rank: int) -> Path:
+    """Where rank `rank` keeps its record: the run's own folder for rank 0, RUN/ranks/rank_K for the others."""
+    return run_dir if rank == 0 else run_dir / RANKS_DIR / f"rank_{rank}"
 
 
-def write_rank_file(run_dir: Path, rank: int, size: int, status: str, start_step: int, wall_s: float,
-                    peak_bytes: int, rows: list[dict], comm: dict | None) -> None:
-    """RUN/ranks/rank_K.json: what `rankmerge` merges (rows: step, step_time_ms, data_wait_ms, loss, grad_norm)."""
-    rank_file(run_dir, rank).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(rank_file(run_dir, rank), {
-        "rank": rank, "size": size, "status": status, "start_step": start_step, "wall_s": wall_s,
-        "peak_rss_bytes": peak_bytes, "rows": [{k: row[k] for k in ROW_KEYS} for row in rows], "comm": comm})
+def rank_trainer(cfg: Config, run_dir: Path, rank: int, progress=None, turns: Turns | None = None) -> Trainer:
+    """The Trainer of rank `rank`: it reads its shard of every global batch, only rank 0 writes the record's folder
+    and checkpoints. It joins the process group after MindSpore is set up; in a paired process (turns shares the
+    process, whose group `pair_main` joined) it sets its arm's fusion instead, before its build."""
+    shared = turns is not None and turns.shares_process
+    return Trainer(cfg, rank_dir(run_dir, rank), progress, turns,
+                   Rank(rank, set_fusion if shared else join_process_group))
+
+
+def write_rank_file(run_dir: Path, rank: RankFile) -> None:
+    """RUN/ranks/rank_K.json (`wire.RankFile`): what `rankmerge` merges."""
+    path = rank_file(run_dir, rank.rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, encode_rank_file(rank))
 
 
 def profiled_comm(run_dir: Path, cfg: Config) -> dict | None:
@@ -111,26 +90,26 @@ def pair_main(request: Path, rank: int, size: int) -> int:
     The parent replays the looks over the merged pairs (the first look that decides ends the round)."""
     from helpers.record import load_run
     from helpers.run.pair import run_pair
-    req = json.loads(request.read_text(encoding="utf-8"))
-    ref, cand = load_config(req["reference"]), load_config(req["candidate"])
-    folder, plan = Path(req["folder"]), req["plan"]
+    req = decode_pair_request(request.read_text(encoding="utf-8"))
+    ref, cand = load_config(req.reference), load_config(req.candidate)
+    folder, plan = Path(req.folder), req.plan
     t0 = time.time()
     out = run_pair(ref, cand, folder, plan["block_steps"], plan["looks"][-1], lambda m: False,
                    interleave=plan.get("interleave", "blocks"),
-                   profile_steps=req.get("profile_steps") or cand.parallel.comm_profile_steps,
-                   make_trainer=lambda cfg, run_dir: RankTrainer(cfg, run_dir, rank, size, None),
-                   setup=lambda: join_process_group(cand), paired_file=f"paired_rank_{rank}.json",
+                   profile_steps=req.profile_steps or cand.parallel.comm_profile_steps,
+                   make_trainer=lambda cfg, run_dir, turns: rank_trainer(cfg, run_dir, rank, turns=turns),
+                   setup=lambda: join_process_group(cand), paired_file=paired_rank_file(rank),
                    own_pids=lambda: [os.getppid()])  # msrun and every rank it started are the round's own
     for arm in ("reference", "candidate"):
         arm_dir = folder / arm
-        own = arm_dir if rank == 0 else arm_dir / "ranks" / f"rank_{rank}"
+        own = rank_dir(arm_dir, rank)
         try:
             record = load_run(own)
         except RecordError:
             continue  # this arm never started here: no rank file, the merge reads the rank-0 record's failure
-        write_rank_file(arm_dir, rank, size, record.status, 1, time.time() - t0,
-                        out["memory"].get(f"{arm}_peak_bytes") or peak_rss_bytes(), record.metrics,
-                        profiled_comm(own, record.config))
+        write_rank_file(arm_dir, RankFile(rank, size, record.status, 1, time.time() - t0,
+                                          out["memory"].get(f"{arm}_peak_bytes") or peak_rss_bytes(),
+                                          [RankFile.row(r) for r in record.metrics], profiled_comm(own, record.config)))
     return 0 if out["status"] != "failed" else 1
 
 
@@ -157,15 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
 
     def keep(row: dict, total: int) -> None:
-        rows.append({k: row[k] for k in ROW_KEYS})
+        rows.append(RankFile.row(row))
 
     progress = fan_out(keep, progress_sink("json") if rank == 0 else None)  # rank 0's lines reach msrun's log
 
     t0 = time.time()
-    trainer = RankTrainer(cfg, run_dir, rank, size, progress)
+    trainer = rank_trainer(cfg, run_dir, rank, progress)
     outcome = trainer.run()
-    write_rank_file(run_dir, rank, size, outcome.status, outcome.start_step, time.time() - t0, peak_rss_bytes(),
-                    rows, profiled_comm(trainer.run_dir, cfg))
+    write_rank_file(run_dir, RankFile(rank, size, outcome.status, outcome.start_step, time.time() - t0,
+                                      peak_rss_bytes(), rows, profiled_comm(trainer.run_dir, cfg)))
     return 0 if outcome.status == "ok" else 3
 
 

@@ -11,13 +11,14 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
 from helpers import config as config_mod
 from helpers.config import Config, ConfigError
 from helpers.paths import REPO_ROOT, absolute
-from helpers.run.rows import decode_row
+from helpers.wire import decode_row
 
 WORKER = "helpers/spawn/dp_worker.py"  # relative: msrun runs in the repository root
 LOG_DIR = "msrun_logs"
@@ -105,10 +106,11 @@ class _LogFollower:
 
 
 def _relay(lines: list[str], progress, total: int) -> None:
+    """Rank 0's step rows (`wire.StepRow`) among its log lines, to `progress(row dict, total)`."""
     for line in lines:
         row = decode_row(line)
         if progress and row is not None:
-            progress(row, total)
+            progress(asdict(row), total)
 
 
 def pick_port(cfg: Config) -> int:

@@ -16,8 +16,8 @@ from helpers.record import RecordError, load_run
 from helpers.spawn.live import publish
 from helpers.spawn.msrun import LOG_DIR, follow_msrun, msrun_command, msrun_executable, pick_port
 from helpers.spawn.rankmerge import merge_pairs, merge_ranks
-
-PAIRED_FILE = "paired.json"  # written by helpers/run/pair.py (the same name there)
+from helpers.wire import (PAIR_REQUEST_FILE, PAIRED_FILE, PairDone, PairRequest, PairStart, decode,
+                          encode_pair_request)
 
 
 def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progress: bool = True,
@@ -37,16 +37,16 @@ def launch_pair(reference: Config, candidate: Config, folder, plan: dict, progre
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=folder, prefix=f".{name}.") as fh:
             fh.write(config_mod.dump(config_mod.absolute_paths(cfg)))
             paths[name] = fh.name
-    request = folder / ".pair_request.json"
-    request.write_text(json.dumps({**paths, "folder": str(folder), "plan": plan, "profile_steps": profile_steps}),
-                       encoding="utf-8")
+    request = folder / PAIR_REQUEST_FILE
+    request.write_text(encode_pair_request(PairRequest(paths["reference"], paths["candidate"], str(folder), plan,
+                                                       profile_steps)), encoding="utf-8")
     bar, label = None, desc or folder.name
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=plan["looks"][-1], desc=label, unit="pair", leave=True)
     log = folder / LOG_DIR / "worker_0.log"
     try:
-        code = _run_ranks(reference, folder, request, lambda line: _show(bar, label, line))
+        code = _run_ranks(reference, folder, request, lambda line: show_progress(bar, label, line))
     finally:
         for p in [*paths.values(), request]:
             Path(p).unlink(missing_ok=True)
@@ -87,21 +87,15 @@ def _run_ranks(cfg: Config, folder: Path, request: Path, on_line) -> int:
     return code
 
 
-def _show(bar, label: str, line: str) -> None:
-    """Each pair's arm rows to the live listeners (labelled "`label` reference|candidate"); the bar counts pairs."""
-    if not line.startswith("{"):
-        return
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        return
-    if msg.get("paired") == "pair":
-        for arm, row in msg.get("arms", {}).items():
+def show_progress(bar, label: str, line: str) -> None:
+    """A paired process's progress (`wire.PairStart`, `wire.PairDone`) from one line of rank 0's log: each pair's
+    arm rows to the live listeners (labelled "`label` reference|candidate"); the bar counts pairs."""
+    message = decode(line)
+    if isinstance(message, PairDone):
+        for arm, row in message.arms.items():
             publish(f"{label} {arm}", row)
-    if bar is None:
-        return
-    if msg.get("paired") == "pair":
-        bar.n = msg["pair"]
-        bar.refresh()
-    elif msg.get("paired") == "start":
-        bar.set_postfix(building=msg["arm"], refresh=True)
+        if bar is not None:
+            bar.n = message.pair
+            bar.refresh()
+    elif isinstance(message, PairStart) and bar is not None:
+        bar.set_postfix(building=message.arm, refresh=True)

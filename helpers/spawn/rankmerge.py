@@ -17,6 +17,7 @@ from helpers.run.metrics import Ema, steady_rows, summarize
 from helpers.run.profile import window_steps
 from helpers.record import (METRICS_FILE, atomic_write_json, atomic_write_text, load_run, rows_to_csv,
                             write_summary)
+from helpers.wire import PAIRED_FILE, RankFile, decode_rank_file, paired_rank_files, rank_files
 
 
 def _merge_row(base: dict, per_rank: list[dict]) -> dict:
@@ -27,9 +28,9 @@ def _merge_row(base: dict, per_rank: list[dict]) -> dict:
             "loss": loss, "tokens_per_s": base["tokens"] / (step_ms / 1000.0)}
 
 
-def _comm_summary(ranks: list[dict], rows: list[dict]) -> dict:
+def _comm_summary(ranks: list[RankFile], rows: list[dict]) -> dict:
     """comm_ms_per_step (mean over ranks), comm_step_share: that ÷ the merged step time in the profiled window."""
-    stats = [r["comm"] for r in ranks if r.get("comm")]
+    stats = [r.comm for r in ranks if r.comm]
     if not stats:
         return {"comm_step_share": None, "comm_ms_per_step": None, "allreduce_calls_per_step": None,
                 "comm_source": "not measured (parallel.comm_profile_steps=0 or too few steps)"}
@@ -48,15 +49,15 @@ def _comm_summary(ranks: list[dict], rows: list[dict]) -> dict:
 def merge_ranks(run_dir: str | Path) -> dict | None:
     """Rewrite run_dir's metrics.csv and summary.json from ranks/rank_*.json; returns the summary (None: no ranks)."""
     run_dir = Path(run_dir)
-    ranks = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((run_dir / "ranks").glob("rank_*.json"))]
+    ranks = [decode_rank_file(p.read_text(encoding="utf-8")) for p in rank_files(run_dir)]
     if not ranks:
         return None
     record = load_run(run_dir)
     cfg, summary = record.config, record.summary
-    start = min(r["start_step"] for r in ranks)
+    start = min(r.start_step for r in ranks)
     by_step: dict[int, list[dict]] = {}
     for rank in ranks:
-        for row in rank["rows"]:
+        for row in rank.rows:
             by_step.setdefault(row["step"], []).append(row)
     rows = [r for r in record.metrics if r["step"] < start]
     rows += [_merge_row(r, by_step[r["step"]]) for r in record.metrics
@@ -68,26 +69,27 @@ def merge_ranks(run_dir: str | Path) -> dict | None:
     profiled = window_steps(cfg)  # the ranks' profiler window (comm_profile_steps): not speed
     stats = summarize(rows, start, cfg.steady_after, summary.get("flops_per_token") or 0.0,
                       summary.get("peak_flops"), profiled, hardware_peak_flops=summary.get("peak_flops_hardware"))
-    peaks = [r["peak_rss_bytes"] for r in ranks]
+    peaks = [r.peak_rss_bytes for r in ranks]
     steady = {r["step"] for r in steady_rows(rows, start, cfg.steady_after, profiled)}
-    rank_ms = [float(np.median([row["step_time_ms"] for row in r["rows"] if row["step"] in steady] or [np.nan]))
+    rank_ms = [float(np.median([row["step_time_ms"] for row in r.rows if row["step"] in steady] or [np.nan]))
                for r in ranks]
     merged = {**summary, **stats, **_comm_summary(ranks, rows),
               # the ranks' own RSS, not this merging process's (summarize's peak_rss_bytes)
               "peak_memory_bytes": max(peaks), "peak_rss_bytes": max(peaks),
               "peak_memory_bytes_all_ranks": int(sum(peaks)),
               "data_parallel": cfg.parallel.data_parallel, "ranks_merged": len(ranks),
-              "rank_step_time_ms": rank_ms, "rank_status": [r["status"] for r in ranks],
+              "rank_step_time_ms": rank_ms, "rank_status": [r.status for r in ranks],
               "step_time_source": "per step, the slowest rank's time (median over the steady window)"}
     write_summary(run_dir, merged)
     return merged
 
 
 def merge_pairs(folder: str | Path) -> dict | None:
-    """folder/paired.json from the ranks' paired_rank_K.json: rank 0's record with each block step time the
-    slowest rank's, over the pairs every rank completed (the worst status wins); None when no rank wrote one."""
+    """folder/paired.json from the ranks' paired_rank_K.json (`wire.paired_rank_file`): rank 0's record with each
+    block step time the slowest rank's, over the pairs every rank completed (the worst status wins); None when no
+    rank wrote one."""
     folder = Path(folder)
-    ranks = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("paired_rank_*.json"))]
+    ranks = [json.loads(p.read_text(encoding="utf-8")) for p in paired_rank_files(folder)]
     if not ranks:
         return None
     n = min(len(r["pairs"]) for r in ranks)
@@ -100,5 +102,5 @@ def merge_pairs(folder: str | Path) -> dict | None:
     for rank in ranks:
         if rank["status"] == "failed" or (rank["status"] == "ended" and merged["status"] == "ok"):
             merged["status"], merged["reason"] = rank["status"], rank["reason"]
-    atomic_write_json(folder / "paired.json", merged)
+    atomic_write_json(folder / PAIRED_FILE, merged)
     return merged

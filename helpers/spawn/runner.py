@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 from helpers import config as config_mod
@@ -16,10 +17,10 @@ from helpers.config import Config
 from helpers.paths import REPO_ROOT, absolute
 from helpers.run.outdir import claim, finished_same
 from helpers.run.preflight import preflight
-from helpers.run.rows import decode_row
 from helpers.spawn import zygote
 from helpers.spawn.live import publish
 from helpers.record import RecordError, RunRecord, load_run
+from helpers.wire import decode_row
 
 
 def child_env() -> dict:
@@ -63,7 +64,7 @@ def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc:
         from tqdm.auto import tqdm
         bar = tqdm(total=cfg.steps, desc=label, unit="step", leave=True)
     try:
-        code = stream_child(cmd, run_dir / "train.log", lambda line: _show(bar, label, line), timeout_s)
+        code = stream_child(cmd, run_dir / "train.log", lambda line: show_row(bar, label, line), timeout_s)
     finally:
         Path(request).unlink(missing_ok=True)
         if bar is not None:
@@ -108,15 +109,17 @@ def stream_child(cmd: list[str], log_path: Path, on_line, timeout_s: float | Non
         return proc.wait(timeout=timeout_s)
 
 
-def _show(bar, label: str, line: str) -> None:
-    msg = decode_row(line)
-    if msg is None:
+def show_row(bar, label: str, line: str) -> None:
+    """A child's step row (`wire.StepRow`) to the live listeners (labelled `label`) and the bar; other lines
+    are ignored."""
+    row = decode_row(line)
+    if row is None:
         return
-    publish(label, msg)
+    publish(label, asdict(row))
     if bar is None:
         return
-    bar.n = msg["step"]
-    bar.set_postfix(loss=f"{msg['loss']:.3f}", tok_s=f"{msg['tokens_per_s']:.0f}", refresh=False)
+    bar.n = row.step
+    bar.set_postfix(loss=f"{row.loss:.3f}", tok_s=f"{row.tokens_per_s:.0f}", refresh=False)
     bar.refresh()
 
 

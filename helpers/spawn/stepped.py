@@ -32,14 +32,13 @@ from helpers import config as config_mod
 from helpers.config import Config, with_changes
 from helpers.paired import Measurement
 from helpers.paths import REPO_ROOT, absolute
-from helpers.record import RecordError, atomic_write_json, load_run
+from helpers.record import RecordError, RunRecord, atomic_write_json, load_run
 from helpers.run.foreign import ForeignLoad
 from helpers.run.profile import window_steps, with_profiler
 from helpers.spawn.live import publish
 from helpers.spawn.runner import child_env
-from helpers.wire import ArmReady, FinishRequest, StepRequest, StepResult, decode, encode
+from helpers.wire import PAIRED_FILE, ArmReady, FinishRequest, StepRequest, StepResult, decode, encode
 
-PAIRED_FILE = "paired.json"
 ARMS = ("candidate", "reference")
 READY_TIMEOUT_S = 600.0  # start, import and build of a big config on a loaded machine
 # The warm-up runs past what the input pipeline read ahead while the first step compiled (up to data.prefetch
@@ -112,14 +111,20 @@ class _Arm:
         return self.answer()
 
     def close(self, complete: bool, reason: str) -> int:
-        """Tell the arm to complete (or stop) its record and wait for it to exit; its exit code."""
+        """Tell the arm to complete (or stop) its record and wait for it to exit; its exit code. An arm that never
+        said it was built is waited for at most READY_TIMEOUT_S (its socket closed, it stops its record; one whose
+        connection was never accepted would wait forever), then killed: its record reads as interrupted."""
         self.signal(signal.SIGCONT)
         if self.chan is not None and self.proc.poll() is None:
             try:
                 self.send(FinishRequest(complete, reason))
             except OSError:
                 pass
-        code = self.proc.wait()
+        try:
+            code = self.proc.wait(timeout=None if self.chan is not None else READY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            code = self.proc.wait()
         if self.chan is not None:
             self.chan.close()
         self.request.unlink(missing_ok=True)
@@ -127,10 +132,23 @@ class _Arm:
 
 
 def _connect(listener: socket.socket, arms: dict[str, _Arm]) -> None:
-    """Accept each arm's connection and wait until both are built (ArmReady), each then frozen."""
+    """Accept each arm's connection and wait until both are built (ArmReady), each then frozen. When one fails,
+    the connections not yet named by an arm are closed, and the listener with them: such an arm then reads the end
+    of its socket and stops, instead of waiting for a message that never comes."""
+    waiting: dict = {}  # socket → its line reader, until the arm's first message names it
+    try:
+        _accept_ready(listener, arms, waiting)
+    except BaseException:
+        for sock, chan in waiting.items():
+            chan.close()
+            sock.close()
+        listener.close()  # a connection still in its backlog is refused now
+        raise
+
+
+def _accept_ready(listener: socket.socket, arms: dict[str, _Arm], waiting: dict) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     pending = dict(arms)
-    waiting = {}  # socket → its line reader, until the arm's first message names it
     while pending:
         dead = [a for a in pending.values() if a.proc.poll() is not None]
         if dead:
@@ -187,14 +205,7 @@ def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, sto
     folder = absolute(folder)
     folder.mkdir(parents=True, exist_ok=True)
     k, max_pairs = plan["block_steps"], plan["looks"][-1]
-    # Each arm compiles cold: MindSpore keys its cache by source files, two arms of one config would fill one
-    # folder at the same time, and the measurement-only steps lengthen the LR list, which the cache's key does
-    # not hold (a warm arm then failed in Gather past the old list's end).
-    cfgs = {}
-    for name, cfg in (("reference", reference), ("candidate", candidate)):
-        if profile_steps and not cfg.monitor.profile_steps:
-            cfg = with_profiler(cfg, profile_steps)
-        cfgs[name] = with_changes(cfg, {"compile_cache": False})
+    cfgs = _arm_configs(reference, candidate, profile_steps)
     warmup = max(warmup_steps(c) for c in cfgs.values())
     out = {"path": "processes", "block_steps": k, "interleave": "steps", "max_pairs": max_pairs,
            "warmup_steps": warmup, "tokens_per_step": {n: c.tokens_per_step for n, c in cfgs.items()},
@@ -231,16 +242,35 @@ def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, sto
                 bar.close()
     out["wall_s"] = time.perf_counter() - t0
     atomic_write_json(folder / PAIRED_FILE, out)
-    records = {}
-    for name in ("reference", "candidate"):
-        try:
-            records[name] = load_run(folder / name)
-        except RecordError:
-            records[name] = None
+    records = dict(zip(("reference", "candidate"), _records(folder)))
     missing = [n for n, r in records.items() if r is None]
     # the records say how a run ended (a NaN, a failure): only a missing one makes the round's error
     error = f"the {missing[0]} arm left no record ({out['reason'] or 'no reason recorded'})" if missing else ""
     return records["reference"], records["candidate"], out, error
+
+
+def _arm_configs(reference: Config, candidate: Config, profile_steps: int) -> dict[str, Config]:
+    """Each arm's config as its process trains it: with a profiler window of `profile_steps` (unless it has its
+    own), and compiled cold: MindSpore keys its cache by source files, two arms of one config would fill one folder
+    at the same time, and the measurement-only steps lengthen the LR list, which the cache's key does not hold (a
+    warm arm then failed in Gather past the old list's end)."""
+    cfgs = {}
+    for name, cfg in (("reference", reference), ("candidate", candidate)):
+        if profile_steps and not cfg.monitor.profile_steps:
+            cfg = with_profiler(cfg, profile_steps)
+        cfgs[name] = with_changes(cfg, {"compile_cache": False})
+    return cfgs
+
+
+def _records(folder: Path) -> tuple[RunRecord | None, RunRecord | None]:
+    """(reference, candidate) records the arms left in `folder`, None where one left none."""
+    records = []
+    for name in ("reference", "candidate"):
+        try:
+            records.append(load_run(folder / name))
+        except RecordError:
+            records.append(None)
+    return records[0], records[1]
 
 
 def _measure(arms: dict[str, _Arm], out: dict, k: int, max_pairs: int, tokens: tuple[float, float],

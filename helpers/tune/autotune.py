@@ -112,7 +112,7 @@ def _key(changes: dict[str, Any]) -> frozenset:
     return frozenset((k, json.dumps(v)) for k, v in changes.items())
 
 
-def _tried(entries: list[dict]) -> set[frozenset]:
+def tried_changes(entries: list[dict]) -> set[frozenset]:
     """Candidates already run as rounds or recorded as skipped (refused by the config), and the values a kept
     round moved away from (going back would undo a measured win)."""
     tried = set()
@@ -339,7 +339,8 @@ def estimate_s(cand: Candidate, best: list[RunRecord], best_cfg: Config, overhea
 
 # ---------------------------------------------------------------------------------------------- the loop
 
-def _median_run(records: list[RunRecord]) -> RunRecord:
+def median_run(records: list[RunRecord]) -> RunRecord:
+    """The run with the median tokens/s (of an even count, the lower middle one): the run a diagnosis reads."""
     ranked = sorted(records, key=lambda r: r.summary.get("tokens_per_s") or 0.0)
     return ranked[(len(ranked) - 1) // 2]
 
@@ -392,12 +393,12 @@ def autotune(cfg: Config, out: str | os.PathLike, budget_min: float, repeats: in
         left = budget - (time.monotonic() - start)
         best_cfg = wb.best_config()
         best = wb.best_runs()
-        run = _median_run(best)
+        run = median_run(best)
         diag = diagnose(run)
         run_name = Path(run.path).relative_to(wb.path).as_posix()
         overhead = max(overheads) if overheads else DEFAULT_OVERHEAD_S
         queue, empty = candidates(best_cfg, diag, keep_global_batch=keep_global_batch)
-        tried = _tried(wb.ledger())
+        tried = tried_changes(wb.ledger())
         queue = [c for c in queue if c.key() not in tried]
         chosen, too_long = None, []
         for i, cand in enumerate(queue):

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from helpers.run.memory import memory_label
 from helpers.run.monitors import sustained_slope
 from helpers.run.profile import load_profile
-from helpers.record import RecordError, RunRecord, update_summary
+from helpers.record import RecordError, RunRecord, memory_label, update_summary
 
 TROUBLESHOOTING = Path(__file__).with_name("troubleshooting.yaml")
 MATMUL_OPS = {"MatMul", "BatchMatMul", "MatMulExt", "BatchMatMulExt", "Dense"}

@@ -1,19 +1,42 @@
-"""A workbook's journal and lock: the append-only `ledger.jsonl` and the flock'd `.lock` file."""
+"""A workbook's journal and lock: the append-only `ledger.jsonl`, the flock'd `.lock` file, and `stamped`, which
+signs every entry with who made it and when."""
 from __future__ import annotations
 
 import errno
 import fcntl
+import getpass
 import json
 import os
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
-from helpers.record import _json_safe, write_failure
+from helpers.record import json_safe, write_failure
 
 
 class RoundError(ValueError):
     """A workbook operation that cannot proceed; the message is one actionable line."""
+
+
+def now() -> str:
+    """The local time with its offset, to the second (ISO 8601): every entry's `when`."""
+    return datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def user() -> str:
+    """This process's user name ("unknown" where the system has none): an entry's `who` when none is given."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def stamped(entry: dict, who: str | None, why: str = "", reasoning: dict | None = None) -> dict:
+    """`entry` signed: who (default: this process's user), when (now), and, only those given, why (one paragraph,
+    whitespace collapsed) and reasoning (data, e.g. the auto-tuner's diagnosis)."""
+    return {**entry, "who": who or user(), "when": now(), **({"why": " ".join(why.split())} if why else {}),
+            **({"reasoning": reasoning} if reasoning else {})}
 
 
 class Ledger:
@@ -28,7 +51,7 @@ class Ledger:
         A write the disk refuses part-way (full, over a size limit) is cut back off, so the ledger never
         ends in half a line; raises `record.write_failure`'s one-line RecordError.
         """
-        data = (json.dumps(_json_safe(entry), ensure_ascii=False, sort_keys=False) + "\n").encode("utf-8")
+        data = (json.dumps(json_safe(entry), ensure_ascii=False, sort_keys=False) + "\n").encode("utf-8")
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         size = os.fstat(fd).st_size
         try:

@@ -13,9 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
-from helpers.record import RunRecord
+from helpers.record import RunRecord, memory_label
 from helpers.units import mib_text
-from helpers.run.memory import memory_label
 from helpers.tune.convergence import TIME_TO_TARGET, TimeFigures, figures, seed_times_text, time_figures
 from helpers.paired import Outcome, SpeedPlan, rule_text as speed_rule_text, t_quantile
 

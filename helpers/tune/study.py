@@ -123,4 +123,4 @@ def accumulation_changes(cfg: Config, factor: int) -> dict[str, int]:
     if factor < 1 or cfg.batch_size % factor:
         raise ConfigError(f"factor={factor} does not divide batch_size={cfg.batch_size}; "
                           f"pick a divisor of the batch size")
-    return {"batch_size": cfg.batch_size // factor, "grad_accum_steps": cfg.grad_accum_steps * factor}
+    return {"batch_size": cfg.batch_size // factor, "grad_accum_steps": factor * cfg.grad_accum_steps}

@@ -61,7 +61,7 @@ def _flat_throughput(record: RunRecord, base: Config) -> Suggestion | None:
     memory = record.summary.get("peak_memory_bytes"), record.env.get("memory_total_bytes")
     roomy = all(memory) and memory[0] / memory[1] < SMALL_MEMORY
     # A doubled micro-batch also runs faster per token on CPU; accumulation doubles the batch at the same memory.
-    changes = ({"batch_size": base.batch_size * 2} if roomy else {"grad_accum_steps": base.grad_accum_steps * 2})
+    changes = ({"batch_size": 2 * base.batch_size} if roomy else {"grad_accum_steps": 2 * base.grad_accum_steps})
     key, value = next(iter(changes.items()))
     where = (f"peak RSS {memory[0] / memory[1]:.0%} of RAM, so a bigger micro-batch fits" if roomy
              else "memory is not known to be roomy, so accumulate")

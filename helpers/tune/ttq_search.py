@@ -40,8 +40,8 @@ from helpers import config as config_mod
 from helpers.config import Config, ConfigError
 from helpers.record import RunRecord
 from helpers.spawn.runner import launch
-from helpers.tune.autotune import (BUDGET_MARGIN, WHO, AutotuneError, AutotuneResult, Candidate, _median_run,
-                                   _tried, candidates, check_budget)
+from helpers.tune.autotune import (BUDGET_MARGIN, WHO, AutotuneError, AutotuneResult, Candidate, median_run,
+                                   tried_changes, candidates, check_budget)
 from helpers.tune.convergence import RECIPE, TIME_TO_TARGET, eval_curve, time_to_target, ttq_arms
 from helpers.tune.diagnose import diagnose
 from helpers.tune.ledger import RoundError
@@ -65,7 +65,7 @@ def recipe_changes(cfg: Config, lr_factor: float, steps_fraction: float, batch_f
     lr = float(f"{cfg.lr * lr_factor:.3g}")
     changes = {"lr": lr, "min_lr": float(f"{cfg.min_lr * lr / cfg.lr:.3g}"),
                "steps": max(cfg.steady_after + 1, round(cfg.steps * steps_fraction)),
-               "warmup": round(cfg.warmup * steps_fraction), "batch_size": round(cfg.batch_size * batch_factor)}
+               "warmup": round(cfg.warmup * steps_fraction), "batch_size": round(batch_factor * cfg.batch_size)}
     return {k: v for k, v in changes.items() if v != getattr(cfg, k)}
 
 
@@ -119,9 +119,9 @@ def _arms(wb: Workbook, best_cfg: Config, best: list[RunRecord], result: Autotun
           log: Callable[[str], None]) -> list[Candidate]:
     """Untried arms the config accepts: the recipe grid, then the first SPEED_ARMS speed levers. A refused
     candidate is a skipped note (never run)."""
-    diag = diagnose(_median_run(best))
+    diag = diagnose(median_run(best))
     speed = [c for c in candidates(best_cfg, diag)[0] if not set(c.changes) & set(RECIPE)]
-    tried = _tried(wb.ledger())
+    tried = tried_changes(wb.ledger())
     out = []
     for cand in [*recipe_arms(best_cfg), *speed]:
         if cand.key() in tried or len([c for c in out if c.family != "recipe"]) >= SPEED_ARMS > 0 and \

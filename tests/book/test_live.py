@@ -1,13 +1,11 @@
 """Live curves: rows the runner parses reach the panel's image and a notebook's display, frame by frame."""
 from __future__ import annotations
 
-import json
-
 from helpers.book.live import LiveCurves, live_curves
 from helpers.book.widgets import RoundPanel
 from helpers.spawn import paired, runner
 from helpers.spawn.live import listen, publish
-from helpers.run.rows import encode_row
+from helpers.wire import PairDone, StepRow, encode, encode_row
 from tests.book.test_report import FakeWorkbook
 
 PNG = b"\x89PNG"
@@ -16,12 +14,11 @@ PNG = b"\x89PNG"
 def test_rows_the_runners_parse_reach_a_listener():
     got = []
     with listen(lambda label, row: got.append((label, row["step"]))):
-        runner._show(None, "round 1 x candidate 1/2", encode_row({"step": 3, "loss": 2.5, "tokens_per_s": 900.0,
-                                                                  "step_time_ms": 10.0}))
-        runner._show(None, "ignored", "a log line, not a row")
+        runner.show_row(None, "round 1 x candidate 1/2", encode_row(StepRow(3, 2.5, 900.0, 10.0)))
+        runner.show_row(None, "ignored", "a log line, not a row")
         arms = {"reference": {"step": 12, "loss": 3.0, "tokens_per_s": 1000.0},
                 "candidate": {"step": 12, "loss": None, "tokens_per_s": 1100.0}}
-        paired._show(None, "round 2 y", json.dumps({"paired": "pair", "pair": 1, "max_pairs": 8, "arms": arms}))
+        paired.show_progress(None, "round 2 y", encode(PairDone(1, 8, arms)))
     publish("after the block", {"step": 1})  # nobody listens any more
     assert got == [("round 1 x candidate 1/2", 3), ("round 2 y reference", 12), ("round 2 y candidate", 12)]
 

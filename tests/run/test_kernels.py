@@ -140,7 +140,7 @@ def test_native_bias_kernels_match_dense_bias_add(bias_op):
     class Net(nn.Cell):
         def __init__(self, kernels):
             super().__init__()
-            self.dense = _dense(128, 512, True, 0.02, kernels, bias_op)
+            self.dense = _dense(128, 512, True, 0.02, kernels == "native", bias_op)
             self.dense.weight.set_data(ms.Tensor(np.linspace(-0.1, 0.1, 512 * 128, dtype=np.float32).reshape(512, 128)))
             self.dense.bias.set_data(ms.Tensor(np.linspace(-1.0, 1.0, 512, dtype=np.float32)))
             # the fused kernel applies GELU itself; the reference applies MindSpore's after its BiasAdd
@@ -166,7 +166,7 @@ def _loss_and_grads(overrides: dict):
     from helpers.run.model import LossNet, build_model
     cfg = from_dict({"model": {"preset": "tiny"}, **overrides})
     ms.set_seed(0)
-    net = LossNet(build_model(cfg, 50), 50)
+    net = LossNet(build_model(cfg, 50, kernels.resolve_kernels(cfg)), 50)
     data = np.random.default_rng(1).integers(0, 50, (4, 33)).astype(np.int32)
     x, y = ms.Tensor(data[:, :-1]), ms.Tensor(data[:, 1:])
     params = net.trainable_params()
@@ -198,7 +198,7 @@ def test_flat_grad_norm_equals_per_tensor_and_clips_the_same():
     for how in ("per_tensor", "flat"):
         ms.set_seed(0)
         cfg = from_dict(PLAIN)
-        net = GPT(cfg.model, 50)
+        net = GPT(cfg.model, 50, False)
         # max_grad_norm 0.1 is below the first step's norm, so the clip factor matters
         update = _Update(make_optimizer(net, [1e-2] * 2, 0.1, [0.9, 0.99], 1e-8), 0.1, "none", 1.0, 1000, how)
         step = TrainStep(LossNet(net, 50), update)
@@ -257,10 +257,11 @@ def test_amp_o1_takes_mindspores_layernorm_and_trains():
     from helpers.run.model import LayerNorm, LossNet, build_model
     from helpers.run.precision import apply_precision
     o0 = from_dict({"model": {"preset": "tiny", "kernels": "mindspore"}})
-    assert any(isinstance(c, LayerNorm) and c.impl == "manual" for _, c in build_model(o0, 50).cells_and_names())
+    assert any(isinstance(c, LayerNorm) and c.impl == "manual"
+               for _, c in build_model(o0, 50, "mindspore").cells_and_names())
     cfg = from_dict({"model": {"preset": "tiny"}, "amp_level": "O1"})
     ms.set_seed(0)
-    net = LossNet(apply_precision(build_model(cfg, 50), cfg), 50)
+    net = LossNet(apply_precision(build_model(cfg, 50, kernels.resolve_kernels(cfg)), cfg), 50)
     assert not any(isinstance(c, LayerNorm) for _, c in net.cells_and_names())
     data = np.random.default_rng(3).integers(0, 50, (4, 33)).astype(np.int32)
     x, y = ms.Tensor(data[:, :-1]), ms.Tensor(data[:, 1:])

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.run.memory import DEVICE, RSS, DeviceMemory, default_memory_limit, device_total_bytes, memory_label
+from helpers.record import DEVICE, RSS, memory_label
+from helpers.run.memory import DeviceMemory, default_memory_limit, device_total_bytes
 from helpers.run.metrics import peak_rss_bytes, summarize
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from helpers.config import from_dict
-from helpers.run.train import lr_at
+from helpers.run.build import lr_at
 
 
 def test_lr_schedule_warmup_then_cosine_to_min():
@@ -24,7 +24,7 @@ def test_gradient_accumulation_4x2_equals_one_batch_of_8():
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
     cfg = from_dict({"model": {"preset": "tiny"}})
-    net = GPT(cfg.model, 50)
+    net = GPT(cfg.model, 50, False)
     loss_net = LossNet(net, 50)
     data = np.random.default_rng(0).integers(0, 50, (8, 33)).astype(np.int32)
     x, y = ms.Tensor(data[:, :-1]), ms.Tensor(data[:, 1:])

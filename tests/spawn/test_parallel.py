@@ -1,14 +1,13 @@
-"""Data parallel through msrun: config checks, port handling, the planner's arithmetic, and real 2-rank runs."""
+"""Data parallel through msrun: config checks, the planner's arithmetic, and real 2-rank runs (msrun's own pieces:
+test_msrun.py; the merge of the ranks: test_rankmerge.py)."""
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers.config import ConfigError, from_dict
-from helpers.spawn.msrun import LOCAL_RETRY_S, _msrun_env, check_port, free_port, msrun_command
 from helpers.book.planner import GB, MODELS, Strategy, eight_by_40gb, estimate, recommend
 from helpers.record import load_run
 from helpers.paired import DP_PAIRED_PLAN
@@ -29,45 +28,6 @@ def test_bad_parallel_config_is_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message) as err:
         from_dict({}, overrides)
     assert "\n" not in str(err.value)
-
-
-def test_port_in_use_is_refused_and_free_port_is_bindable():
-    with socket.socket() as busy:
-        busy.bind(("", 0))
-        busy.listen()
-        with pytest.raises(ConfigError, match="already in use"):
-            check_port(busy.getsockname()[1])
-    with pytest.raises(ConfigError, match="1024-65535"):
-        check_port(80)
-    check_port(free_port())
-
-
-def test_pinned_busy_port_fails_before_launching(tmp_path, small_corpus):
-    with socket.socket() as busy:
-        busy.bind(("", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        proc = run_cli("train", *tiny_args(small_corpus, 10, "parallel.data_parallel=2",
-                                           f"parallel.master_port={port}"), "--out", str(tmp_path / "r"))
-    assert proc.returncode == 2
-    assert f"parallel.master_port={port} is already in use" in proc.stderr
-    assert not (tmp_path / "r" / "msrun_logs").exists()
-
-
-def test_msrun_command_for_two_nodes():
-    cmd = msrun_command("c.yaml", "runs/x", 8, 8118, nodes=2, node_rank=1, master_addr="10.0.0.1")
-    assert cmd[:7] == ["msrun", "--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1",
-                       "--master_port=8118", "--node_rank=1", "--log_dir=runs/x/msrun_logs"]
-    assert cmd[7:] == ["--join=True", "helpers/spawn/dp_worker.py", "--config", "c.yaml", "--out", "runs/x"]
-
-
-def test_local_msrun_gets_short_cluster_retries_unless_the_caller_set_them(monkeypatch):
-    for key in LOCAL_RETRY_S:
-        monkeypatch.delenv(key, raising=False)
-    env = _msrun_env()
-    assert {k: env[k] for k in LOCAL_RETRY_S} == {"MS_RETRY_INTERVAL_LOWER": "0", "MS_RETRY_INTERVAL_UPPER": "1"}
-    monkeypatch.setenv("MS_RETRY_INTERVAL_UPPER", "5")
-    assert _msrun_env()["MS_RETRY_INTERVAL_UPPER"] == "5"
 
 
 def test_planner_reproduces_7b_hand_arithmetic():
@@ -95,24 +55,6 @@ def test_eight_by_40gb_example_and_recommendations():
     assert recommend(7e9).startswith("DP + recompute")
     assert recommend(13e9).startswith("DP + TP 2-4") and recommend(30e9).startswith("DP + TP 2-4")
     assert recommend(70e9).startswith("DP + TP") and "PP" in recommend(70e9)
-
-
-def test_paired_rank_times_merge_to_the_slowest_rank_per_step(tmp_path):
-    import json
-    from helpers.spawn.rankmerge import merge_pairs
-    base = {"block_steps": 2, "first_in_pair": ["reference", "candidate", "reference"], "status": "ok",
-            "reason": ""}
-    (tmp_path / "paired_rank_0.json").write_text(json.dumps(
-        {**base, "pairs": [[[10, 12], [20, 21]], [[11, 9], [19, 30]], [[5, 5], [5, 5]]]}))
-    (tmp_path / "paired_rank_1.json").write_text(json.dumps(
-        {**base, "pairs": [[[13, 11], [18, 22]], [[10, 10], [25, 20]]], "status": "ended", "reason": "nan"}))
-    merged = merge_pairs(tmp_path)
-    # the pairs every rank finished, each step the slower rank's; the worse status wins
-    assert merged["pairs"] == [[[13, 12], [20, 22]], [[11, 10], [25, 30]]]
-    assert merged["first_in_pair"] == ["reference", "candidate"] and merged["ranks_merged"] == 2
-    assert (merged["status"], merged["reason"]) == ("ended", "nan")
-    assert json.loads((tmp_path / "paired.json").read_text()) == merged
-    assert merge_pairs(tmp_path / "nothing") is None
 
 
 # -------------------------------------------------------------------------------------- real training

@@ -59,7 +59,7 @@ def test_a_batch_round_by_time_to_target_scales_lr_and_says_which_rule(tmp_path,
     def stop(*args, **kwargs):
         raise Stop()
     with pytest.MonkeyPatch.context() as mp:  # the warning only: stop before the speed round measures
-        mp.setattr(Workbook, "_measure_speed", stop)
+        mp.setattr("helpers.tune.rounds.measure_speed", stop)
         with pytest.warns(UserWarning, match=r"changes the global batch \(4 → 8 sequences per step\).*"
                                              r"objective='time_to_target'"), pytest.raises(Stop):
             wb.run_round("speed", {"batch_size": 8}, progress=False)

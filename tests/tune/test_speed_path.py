@@ -1,5 +1,6 @@
-"""Which way each variable is measured (helpers/tune/speed_path.py): paired in one process, two processes stepping
-in turns, or whole runs."""
+"""Which way each variable is measured (helpers/tune/speed_path.py): two processes stepping in turns (every round on
+a one-process best), both arms in each rank of one msrun launch (the all-reduce fusion of a data-parallel best), or
+whole runs."""
 from __future__ import annotations
 
 from helpers.config import all_keys, from_dict
@@ -9,19 +10,19 @@ from helpers.tune.speed_path import PAIRED, PROCESSES, RUNS, path_of, speed_path
 def test_every_config_key_has_a_measurement_path():
     paths = table()
     assert set(paths) == set(all_keys()) and set(paths.values()) <= {PAIRED, PROCESSES, RUNS}
+    assert PAIRED not in paths.values()  # pairing inside one process is only for a data-parallel best's ranks
     for key in ("mode", "jit_level", "threads", "device_target", "data.num_parallel_workers", "data.prefetch",
-                "memory_optimize"):
+                "memory_optimize", "batch_size", "grad_accum_steps", "model.n_layer", "model.kernels", "amp_level",
+                "recompute", "grad_norm", "model.ballast", "model.ballast_every"):
         assert path_of(key) == PROCESSES, key
-    for key in ("compile_cache", "parallel.data_parallel", "monitor.profile_steps"):
+    for key in ("compile_cache", "parallel.data_parallel", "monitor.profile_steps", "parallel.comm_fusion"):
         assert path_of(key) == RUNS, key
-    for key in ("batch_size", "grad_accum_steps", "model.n_layer", "model.kernels", "amp_level", "recompute",
-                "grad_norm", "model.ballast", "model.ballast_every"):
-        assert path_of(key) == PAIRED, key
 
 
 def test_a_round_takes_the_path_of_its_most_demanding_key():
     best = from_dict({})
-    assert speed_path({"batch_size": 16}, best)[0] == PAIRED
+    path, why = speed_path({"batch_size": 16}, best)
+    assert path == PROCESSES and why == "each arm a process of its own, the two taking turns step by step"
     path, why = speed_path({"mode": "pynative", "jit_level": "none"}, best)
     assert path == PROCESSES and "process-wide" in why and "taking turns" in why
     assert speed_path({"threads": 1}, best)[0] == PROCESSES

@@ -1,0 +1,46 @@
+"""A run's summary.json at its end (ok, nan, stopped or failed): its steady-window statistics, MFU against the peaks
+measured at its start, the fixed cost of its start-up phases and what its hooks and start-up added."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from helpers.config import Config
+from helpers.record import RecordWriter, memory_source
+from helpers.run.build import Built
+from helpers.run.metrics import summarize
+from helpers.run.profile import window_steps
+from helpers.run.startup import FixedCost, process_start
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """The FLOP/s the MFU figures divide by (measured at the run's start): the achievable matmul peak and the
+    CPU's hardware peak (None where none is derived)."""
+    matmul: float
+    hardware: float | None
+
+
+def write_final_summary(cfg: Config, writer: RecordWriter, status: dict, start_step: int, built: Built | None,
+                        peaks: Peaks | None, fixed_cost: FixedCost, extra: dict) -> None:
+    """Flush the rows and write summary.json: `status` (status, status_reason, started_at, …), the statistics of the
+    rows from `start_step` on, `extra` (kernels, peaks, AMP audit) and the hooks' keys. built: None when the run
+    failed before its model was built (no hooks, FLOPs or parameter count then); peaks: None for a failed run
+    (no MFU)."""
+    if built is not None:
+        extra = {**extra, **built.hooks.finish(writer.rows)}
+    writer.flush()
+    peak = peaks.matmul if peaks is not None else None
+    stats = summarize(writer.rows, start_step, cfg.steady_after, built.flops_per_token if built is not None else 0.0,
+                      peak, window_steps(cfg), memory_source(cfg.device_target), peaks.hardware if peak else None)
+    if built is not None and built.device_memory is not None:  # the allocator's own totals, next to the peak
+        stats.update(built.device_memory.stats())
+    first = [r for r in writer.rows if r["step"] == start_step]
+    summary = {**status, **stats, **extra, "n_params": built.n_params if built is not None else None,
+               "fixed_cost_s": fixed_cost.summary(first, stats.get("step_time_ms")), "process_start": process_start(),
+               "tokens_per_step": cfg.tokens_per_step,
+               # one process: no collective in the step; data-parallel runs get it measured by rankmerge
+               "comm_step_share": 0.0 if cfg.parallel.data_parallel == 1 else None,
+               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    summary.pop("pid", None)
+    writer.write_summary(summary)

@@ -1,0 +1,59 @@
+"""A Trainer's phases (helpers/run/train.py): built → started → stepping → finished, each call allowed only in its
+own; a call out of phase fails in one line."""
+from __future__ import annotations
+
+import pytest
+
+from helpers.config import ConfigError
+from helpers.record import load_run
+from helpers.run.data import DataGate
+from helpers.run.train import Phase, Trainer, TrainError, Turns
+from helpers.tune.study import base_config
+
+
+def _tiny(corpus, **changes):
+    return base_config("tiny", 6, str(corpus), {"steady_after": 2, "eval_every": 0, "eval_batches": 2, "threads": 1,
+                                                **changes})
+
+
+def test_a_built_trainer_refuses_steps_evaluation_and_a_summary_before_start(tmp_path, small_corpus):
+    trainer = Trainer(_tiny(small_corpus), tmp_path / "run")  # nothing written, MindSpore untouched
+    assert trainer.phase is Phase.BUILT and trainer.outcome is None and trainer.last_loss is None
+    for name, call in (("step_block", lambda: trainer.step_block(1)), ("step_block", lambda: trainer.measure_block(1)),
+                       ("evaluate", trainer.evaluate), ("finish", trainer.finish)):
+        with pytest.raises(TrainError) as err:
+            call()
+        assert str(err.value) == f"Trainer.{name}() before start(): this trainer is only built; call start() first"
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_round_arm_goes_through_every_phase_then_measures_past_its_record(tmp_path, small_corpus):
+    trainer = Trainer(_tiny(small_corpus), tmp_path / "arm", turns=Turns(DataGate(), extra_steps=3))
+    assert trainer.start() == 1 and trainer.phase is Phase.STARTED
+    assert load_run(tmp_path / "arm").summary["status"] == "running"
+    assert len(trainer.step_block(4)) == 4 and trainer.phase is Phase.STEPPING and trainer.outcome is None
+    assert isinstance(trainer.last_loss, float)
+    times, waits = trainer.measure_block(4)  # steps 5 and 6 end the record; 2 measurement-only steps follow
+    assert len(times) == len(waits) == 4 and trainer.phase is Phase.FINISHED and trainer.outcome.status == "ok"
+    record = load_run(tmp_path / "arm")
+    assert record.status == "ok" and [r["step"] for r in record.metrics] == list(range(1, 7))
+    assert len(trainer.step_block(5)) == 1  # only what is left of the 3 measurement-only steps
+    assert trainer.finish() is trainer.outcome and load_run(tmp_path / "arm").summary == record.summary
+    with pytest.raises(TrainError, match=r"Trainer.start\(\) called on a finished trainer; a Trainer trains one run"):
+        trainer.start()
+
+
+@pytest.mark.slow
+def test_a_failed_start_is_recorded_and_the_trainer_is_finished(tmp_path, small_corpus):
+    trainer = Trainer(_tiny(small_corpus, **{"model.vocab_size": 8}), tmp_path / "run")  # below the tokenizer's
+    with pytest.raises(ConfigError, match="model.vocab_size=8 is smaller than the tokenizer's"):
+        trainer.start()
+    assert trainer.phase is Phase.FINISHED and trainer.outcome.status == "failed"
+    summary = load_run(tmp_path / "run").summary
+    assert summary["status"] == "failed" and summary["status_reason"].startswith("ConfigError: model.vocab_size=8")
+    assert summary["n_params"] is None  # it failed before its model was built
+    assert trainer.finish().status == "failed" and load_run(tmp_path / "run").summary == summary  # not rewritten
+    assert trainer.step_block(3) == []  # nothing after a failure
+    with pytest.raises(TrainError, match="this run failed before its model was built"):
+        trainer.evaluate()

@@ -1,0 +1,44 @@
+"""One msrun worker (helpers/spawn/dp_worker.py): where each rank keeps its record, which Trainer a rank gets (it
+joins the process group, or in a paired process sets its arm's fusion), and the rank file it leaves for the merge.
+The worker's processes are msrun's: a whole 2-rank run is tests/spawn/test_parallel.py, a paired launch
+tests/spawn/test_paired.py."""
+from __future__ import annotations
+
+from helpers.run.data import DataGate
+from helpers.run.train import Phase, Turns
+from helpers.spawn.dp_worker import (join_process_group, profiled_comm, rank_dir, rank_trainer, set_fusion,
+                                     write_rank_file)
+from helpers.tune.study import base_config
+from helpers.wire import RankFile, decode_rank_file, rank_file
+
+
+def _dp(corpus):
+    return base_config("tiny", 8, str(corpus), {"batch_size": 8, "parallel.data_parallel": 2})
+
+
+def test_rank_zero_writes_the_runs_folder_the_others_their_own(tmp_path):
+    assert rank_dir(tmp_path, 0) == tmp_path
+    assert rank_dir(tmp_path, 1) == tmp_path / "ranks" / "rank_1"
+
+
+def test_a_rank_joins_the_group_alone_and_only_sets_its_fusion_in_a_shared_process(tmp_path, small_corpus):
+    alone = rank_trainer(_dp(small_corpus), tmp_path / "run", 1)
+    assert alone.run_dir == tmp_path / "run" / "ranks" / "rank_1" and alone.phase is Phase.BUILT
+    assert (alone.rank.index, alone.rank.join) == (1, join_process_group)
+    shared = rank_trainer(_dp(small_corpus), tmp_path / "arm", 0, turns=Turns(DataGate(), 6, shares_process=True))
+    assert shared.run_dir == tmp_path / "arm" and shared.rank.join is set_fusion
+    assert shared.turns.extra_steps == 6
+
+
+def test_the_rank_file_is_what_the_merge_reads(tmp_path):
+    rank = RankFile(1, 2, "ok", 1, 9.5, 2 ** 29, [RankFile.row({"step": 1, "step_time_ms": 80.0, "data_wait_ms": 0.5,
+                                                                "loss": 4.0, "grad_norm": 1.5, "lr": 1e-3})], None)
+    write_rank_file(tmp_path, rank)
+    assert decode_rank_file(rank_file(tmp_path, 1).read_text()) == rank
+
+
+def test_no_profiler_window_no_collective_time(tmp_path, small_corpus):
+    cfg = _dp(small_corpus)
+    assert cfg.monitor.profile_steps == 0 and profiled_comm(tmp_path, cfg) is None
+    profiled = base_config("tiny", 30, str(small_corpus), {"monitor.profile_steps": 4})
+    assert profiled_comm(tmp_path, profiled) is None  # a window that never closed left no profile to read
