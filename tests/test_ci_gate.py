@@ -13,7 +13,9 @@ def _pytest(args: list[str], ci: str | None, cwd) -> subprocess.CompletedProcess
     env["PYTHONPATH"] = str(REPO)
     if ci is not None:
         env["CI"] = ci
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+    # outside the repository the suite's conftest comes in as a plugin; inside it pytest finds it itself
+    plugin = ["-p", "tests.conftest"] if cwd != REPO else []
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", *plugin, "-p", "no:cacheprovider",
                            *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -184,7 +184,7 @@ def test_killing_a_rounds_candidate_fails_the_round_and_keeps_the_ledger_whole(p
     result = {}
     worker = threading.Thread(target=lambda: result.update(r=wb.run_round("slow_storage", SLOW, progress=False)))
     worker.start()
-    cand = wb.path / "rounds" / "01_slow_storage" / "candidate_1"
+    cand = wb.path / "rounds" / "01_slow_storage" / "candidate"  # the arms take turns, a process each
     try:
         assert wait_for(lambda: (cand / "metrics.csv").is_file(), 120), "the candidate never started training"
         pid = json.loads((cand / "summary.json").read_text())["pid"]
@@ -216,7 +216,8 @@ def test_killing_the_round_process_leaves_no_entry_and_the_rerun_moves_leftovers
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     orchestrator = subprocess.Popen([sys.executable, "-c", script, str(wb.path)], cwd=REPO,
                                     env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True)
-    cand = wb.path / "rounds" / "01_r" / "candidate_1"
+    cand = wb.path / "rounds" / "01_r" / "candidate"
+    child = None
     try:
         assert wait_for(lambda: (cand / "metrics.csv").is_file(), 120), "the candidate never started training"
         child = json.loads((cand / "summary.json").read_text())["pid"]
@@ -224,7 +225,8 @@ def test_killing_the_round_process_leaves_no_entry_and_the_rerun_moves_leftovers
         os.killpg(orchestrator.pid, signal.SIGKILL)  # the orchestrator, its zygote and training child, mid-round
         orchestrator.wait()
         try:
-            _reap_orphan(child)
+            if child is not None:
+                _reap_orphan(child)
         finally:
             libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
     assert (wb.path / "ledger.jsonl").read_text() == before  # the round never happened, as far as it knows
@@ -235,7 +237,7 @@ def test_killing_the_round_process_leaves_no_entry_and_the_rerun_moves_leftovers
     r = reopened.run_round("r", {"data.corpus": [str(tmp_path / "missing.txt")]}, progress=False)
     assert r.index == 1 and r.decision == "failed" and "does not exist" in r.verdict.reason
     (aside,) = (wb.path / "interrupted").iterdir()
-    assert aside.name.startswith("rounds_01_r-") and load_run(aside / "candidate_1").status == "interrupted"
+    assert aside.name.startswith("rounds_01_r-") and load_run(aside / "candidate").status == "interrupted"
     assert len((wb.path / "ledger.jsonl").read_text().splitlines()) == len(before.splitlines()) + 1
 
 

@@ -19,7 +19,16 @@ def rss_bytes() -> int:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (bytes)."""
+    """Peak resident set size of this process so far (bytes). On Linux the memory map's own high-water mark
+    (VmHWM): ru_maxrss survives exec, so a run started from a large process (a test runner, a notebook kernel)
+    read its parent's peak as its own."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 

@@ -50,3 +50,16 @@ def test_labels_say_which_memory_a_figure_is():
     assert memory_label({"memory_source": DEVICE}) == "peak device memory"
     assert memory_label({"memory_source": RSS}) == memory_label({}) == "peak RSS"  # older records: CPU runs
     assert default_memory_limit("CPU") > 0
+
+
+def test_a_process_started_from_a_large_one_reports_its_own_peak():
+    """ru_maxrss survives exec: a run launched by a 300 MB parent read 300 MB as its own peak."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    ballast = np.ones(300 * 2 ** 20 // 8)  # touched: resident in this process
+    assert peak_rss_bytes() >= ballast.nbytes
+    child = subprocess.run([sys.executable, "-c", "from helpers.run.metrics import peak_rss_bytes; "
+                            "print(peak_rss_bytes())"], capture_output=True, text=True, check=True)
+    assert int(child.stdout) < ballast.nbytes / 2, "the child read its parent's peak"
