@@ -57,10 +57,26 @@ def configure_mindspore(cfg: Config, graph_key: str = "") -> None:
         cache.mkdir(parents=True, exist_ok=True)
         ms.set_context(enable_compile_cache=True, compile_cache_path=str(cache))
     if cfg.threads and cfg.device_target == "CPU":
-        ms.device_context.cpu.op_tuning.threads_num(cfg.threads)
+        _set_threads(cfg.threads)
     if cfg.memory_optimize != "O0":  # Ascend only (config refuses it elsewhere); before the memory pool is made
         ms.runtime.set_memory(optimize_level=cfg.memory_optimize)
     reseed(cfg)
+
+
+_threads_set: list[int] = []  # MindSpore takes op threads once per process: the value it took here
+
+
+def _set_threads(threads: int) -> None:
+    """Op threads for CPU kernels; a second run in one process may ask for the same number, not another."""
+    import mindspore as ms
+    if _threads_set:
+        if _threads_set[0] != threads:
+            raise TrainError(f"threads={threads}: this process already runs MindSpore's CPU ops on "
+                             f"{_threads_set[0]} threads, and MindSpore sets them once per process; train "
+                             f"threads={threads} in a process of its own")
+        return
+    ms.device_context.cpu.op_tuning.threads_num(threads)
+    _threads_set.append(threads)
 
 
 def reseed(cfg: Config) -> None:
