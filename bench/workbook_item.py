@@ -1,6 +1,7 @@
 """`make bench` item `workbook`: `make workbook` with default parameters (the main job): wall seconds, exit status,
 each notebook's seconds (from its log line), the 1-minute load average before and throughout (the workbook's own
-training included), and how often a kernel warned that it runs over TCP without encryption."""
+training included), how often a kernel warned that it runs over TCP without encryption, and what the report's
+workbook decided in the two rounds issue 25 named: notebook 02's data round and notebook 05's batch round."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,9 @@ import time
 from pathlib import Path
 
 from provenance import LoadSampler
-from registry import MISSED, MUST, NOT_MEASURED, Check, Item, Judgement, at_most
+from registry import MET, MISSED, MUST, NOT_MEASURED, Check, Item, Judgement, at_most
+
+from helpers.tune.rounds import Workbook
 
 REPO = Path(__file__).resolve().parent.parent
 WORKBOOK_LIMIT_S = 360  # `make workbook` wall seconds (issue 12: ≤ 6 min)
@@ -30,7 +33,24 @@ def item_workbook() -> dict:
             notebooks[parts[0]] = {"status": parts[1], "seconds": float(parts[2])}
     return {"wall_s": wall, "returncode": proc.returncode, "notebooks": notebooks,
             "load_1min": {**load.summary(), "before": load_before, "values": load.values},
-            "tcp_warnings": (proc.stdout + proc.stderr).count(TCP_WARNING), "stderr_tail": proc.stderr[-2000:]}
+            "tcp_warnings": (proc.stdout + proc.stderr).count(TCP_WARNING), "stderr_tail": proc.stderr[-2000:],
+            "rounds": _rounds(REPO / "reports" / "latest" / "workbook")}
+
+
+def _rounds(book: Path) -> dict:
+    """The decisions of notebook 02's data round (its study workbook) and notebook 05's batch round."""
+    out = {}
+    for key, folder, name in (("data", book / "studies" / "data_pipeline", None), ("batch", book, "batch_size")):
+        try:
+            rounds = Workbook.open(folder).rounds()
+        except Exception as exc:  # a workbook the run did not leave: the check says so
+            out[key] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+            continue
+        r = next((r for r in rounds if name is None or r.name == name), None)
+        out[key] = {"error": f"no {name or 'data'} round in {folder}"} if r is None else {
+            "name": r.name, "decision": r.decision, "objective": r.objective, "reason": r.verdict.reason,
+            "changes": {k: list(v) for k, v in r.changes.items()}, "parts": r.verdict.parts}
+    return out
 
 
 def rows(r: dict) -> list[tuple[str, str]]:
@@ -49,6 +69,25 @@ def _within_limit(r: dict) -> Judgement:
     return j if r["returncode"] == 0 else Judgement(MISSED, j.line)
 
 
+def _data_round(r: dict) -> Judgement:
+    got = (r.get("rounds") or {}).get("data")
+    if not got or "error" in got:
+        return Judgement(NOT_MEASURED, (got or {}).get("error", "no data round read"))
+    parts = got.get("parts") or {}
+    line = (f"{got['name']}: {got['decision']}; parts " + ("shown: data wait " + " → ".join(
+        f"{parts[a]['data_wait_share']:.1%}" for a in ("reference", "candidate")) if parts else "missing"))
+    return Judgement(MET if got["decision"] == "keep" and parts else MISSED, line)
+
+
+def _batch_round(r: dict) -> Judgement:
+    got = (r.get("rounds") or {}).get("batch")
+    if not got or "error" in got:
+        return Judgement(NOT_MEASURED, (got or {}).get("error", "no batch round read"))
+    hit = got["objective"] == "time_to_target" and "lr" in got["changes"] and " rule" in got["reason"]
+    return Judgement(MET if hit else MISSED, f"{got['name']}: {got['decision']} by {got['objective']}; changes "
+                                             f"{sorted(got['changes'])}; {got['reason'][:160]}")
+
+
 ITEMS = [Item("workbook", "`make workbook` wall time, per notebook, with the load average", lambda a: item_workbook(),
               rows,
               (Check(MUST, f"`make workbook` exits 0 within {WORKBOOK_LIMIT_S} s", _within_limit,
@@ -56,4 +95,9 @@ ITEMS = [Item("workbook", "`make workbook` wall time, per notebook, with the loa
                Check(MUST, "no kernel warns that it runs over TCP without encryption",
                      lambda r: at_most(r.get("tcp_warnings"), 0, f"{r.get('tcp_warnings')} '{TCP_WARNING}' lines "
                                                                  f"({{sign}} 0)"),
-                     miss={"tcp_warnings": 15})))]
+                     miss={"tcp_warnings": 15}),
+               Check(MUST, "notebook 02's data round is kept, with its parts (data wait, compute, stalls)", _data_round,
+                     miss={"rounds": {"data": {"name": "d", "decision": "no change", "parts": {}}}}),
+               Check(MUST, "notebook 05's batch round is judged by time to target, its lr scaled by a named rule",
+                     _batch_round, miss={"rounds": {"batch": {"name": "b", "decision": "reject", "objective": "speed",
+                                                              "changes": {"batch_size": [12, 24]}, "reason": ""}}})))]
