@@ -1,11 +1,11 @@
 """Which memory a run's figures are, and the device-memory reader.
 
 On CPU MindSpore's allocator counters are always 0 (documented for `ms.runtime.max_memory_allocated`), so a CPU
-run's memory is process RSS (psutil / ru_maxrss). On GPU and Ascend the figure that matters is the device
-allocator's peak: `DeviceMemory` reads `ms.runtime.max_memory_allocated()` after every step and resets it, so each
-metrics row holds that step's own peak and the run's peak is their maximum. Every summary names its source in
-`memory_source`, and tables label the column from it (both in helpers/record.py, where a summary's readers reach
-them).
+run's memory is process RSS (psutil; its peak the memory map's VmHWM, metrics.peak_rss_bytes). On GPU and Ascend
+the figure that matters is the device allocator's peak: `DeviceMemory` reads `ms.runtime.max_memory_allocated()`
+after every step and resets it, so each metrics row holds that step's own peak and the run's peak is their maximum.
+Every summary names its source in `memory_source`, and tables label the column from it (both in helpers/record.py,
+where a summary's readers reach them).
 """
 from __future__ import annotations
 
