@@ -47,8 +47,12 @@ class StepLoop:
     extra_steps: how many measurement-only steps may follow the record's last step."""
 
     def __init__(self, cfg: Config, built: Built, batches, rows: list[dict], start: int, clock0: float,
-                 sinks: StepSink, checkpoint: Callable[[int], None], extra_steps: int):
+                 sinks: StepSink, checkpoint: Callable[[int], None], extra_steps: int, compile_gate=None):
         self.cfg, self.built, self.batches = cfg, built, batches
+        # A round's arm (its data.DataGate): in the first step, which compiles for seconds, the pipeline works only
+        # while the step waits for a batch. Left open, it read data.prefetch batches ahead during the compile, and
+        # the arm's first dozens of timed steps met none of the waits every later step of a data-bound run pays.
+        self.compile_gate = None if cfg.dataset_sink else compile_gate
         self.sinks, self.checkpoint = sinks, checkpoint
         self.ema = Ema()
         for row in rows:
@@ -156,7 +160,7 @@ class StepLoop:
         losses = []
         for _ in range(cfg.grad_accum_steps):
             t0 = time.perf_counter()
-            x, y = next(batches)
+            x, y = self._fetch(batches)
             wait += time.perf_counter() - t0
             x, y = ms.Tensor(x), ms.Tensor(y)
             if cfg.grad_accum_steps == 1:
@@ -169,6 +173,21 @@ class StepLoop:
         else:
             loss = float(loss.asnumpy())
         return loss, float(norm.asnumpy()), bool(finite.asnumpy()), float(scale.asnumpy()), wait * 1000.0
+
+    def _fetch(self, batches):
+        """The next batch; in a round arm's compile step, with its data gate open only meanwhile."""
+        gate = self.compile_gate
+        if gate is None:
+            return next(batches)
+        gate.open()
+        try:
+            return next(batches)
+        finally:
+            gate.close()
+
+    def compiled(self) -> None:
+        """The first step is done: from now on the gate stays open while the arm steps (Trainer opens it)."""
+        self.compile_gate = None
 
     def _intermittent(self, step: int) -> None:
         """The test-only ballast of every k-th step (model.ballast_every), inside that step's time."""

@@ -242,7 +242,8 @@ class Trainer:
                                 rank=self.rank.index if self.rank is not None else None, gate=self.turns.gate,
                                 extra_batches=self.turns.extra_steps * cfg.grad_accum_steps)
         self._loop = StepLoop(cfg, self._built, feed(cfg, self._built.calls, dataset), self.writer.rows, start,
-                              clock0, self.sinks, self._checkpoint, self.turns.extra_steps)
+                              clock0, self.sinks, self._checkpoint, self.turns.extra_steps,
+                              compile_gate=None if self.turns.gate is OPEN_GATE else self.turns.gate)
         return start
 
     def _configure(self, graph_key: str) -> None:
@@ -263,12 +264,20 @@ class Trainer:
     def _block(self, n: int) -> tuple[list[float], list[float | None]]:
         """step_block's steps and their data waits (ms)."""
         self._require_started("step_block")
-        self.turns.gate.open()
         try:
             if self.outcome is not None:  # the record ended: measurement-only steps, none after a NaN or stop
+                self.turns.gate.open()
                 return self._loop.extra(n) if self.outcome.status == "ok" else ([], [])
             self.phase = Phase.STEPPING
-            times, waits, self.outcome = self._loop.steps(n)
+            times, waits, outcome = [], [], None
+            if self._loop.compile_gate is not None and n:  # the compile step: the gate opens only for its batch
+                times, waits, outcome = self._loop.steps(1)
+                self._loop.compiled()
+            if outcome is None and len(times) < n:
+                self.turns.gate.open()
+                more, more_waits, outcome = self._loop.steps(n - len(times))
+                times, waits = times + more, waits + more_waits
+            self.outcome = outcome
             return times, waits
         except Exception as exc:
             self._fail(exc)

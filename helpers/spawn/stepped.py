@@ -3,7 +3,7 @@ step by step.
 
 Each arm is a process of its own: built at the same time as the other (both compile at once on the two cores),
 then warmed up (one after the other when their warm-ups are profiled, so each op table holds its own arm alone),
-past its steady_after and past what its input pipeline read ahead during the compile (READ_AHEAD_SLACK).
+past its steady_after (its compile step let its input pipeline read only the batch it asked for, run/loop.py).
 Then this parent asks one step of one arm, then of the other, in ABBA order inside each pair of K-step blocks,
 so whatever else the machine does lands on both arms alike. Every step is timed by its own arm (from asking for
 the batch to the loss). Between its steps an arm is frozen (SIGSTOP to its process group, SIGCONT before its
@@ -41,17 +41,11 @@ from helpers.wire import PAIRED_FILE, ArmReady, FinishRequest, StepRequest, Step
 
 ARMS = ("candidate", "reference")
 READY_TIMEOUT_S = 600.0  # start, import and build of a big config on a loaded machine
-# The warm-up runs past what the input pipeline read ahead while the first step compiled (up to data.prefetch
-# batches, and a few more in its queues between ops): measured on the slow-storage demo, the first 8–12 steps after
-# a 4-step warm-up never waited, the later ones did on every step. Timed from there, steps see the pipeline's
-# steady state, as in all but the start of a long run.
-READ_AHEAD_SLACK = 4
-
-
 def warmup_steps(cfg: Config) -> int:
-    """Steps an arm takes before it is timed: its steady_after, its profiler window, and what its input pipeline
-    read ahead during the compile (READ_AHEAD_SLACK)."""
-    return max(cfg.steady_after, (window_steps(cfg) or (0, 0))[1], cfg.data.prefetch + READ_AHEAD_SLACK)
+    """Steps an arm takes before it is timed: its steady_after and its profiler window. (It once also ran past
+    data.prefetch + 4 steps: the pipeline read that far ahead while the first step compiled, and on the slow-storage
+    demo the first 8–12 steps after a 4-step warm-up never waited. Now the compile step gates the pipeline.)"""
+    return max(cfg.steady_after, (window_steps(cfg) or (0, 0))[1])
 
 
 class _Arm:

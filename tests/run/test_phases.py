@@ -57,3 +57,25 @@ def test_a_failed_start_is_recorded_and_the_trainer_is_finished(tmp_path, small_
     assert trainer.step_block(3) == []  # nothing after a failure
     with pytest.raises(TrainError, match="this run failed before its model was built"):
         trainer.evaluate()
+
+
+@pytest.mark.slow
+def test_a_round_arms_compile_step_lets_its_pipeline_read_only_the_batch_it_asks_for(tmp_path, small_corpus,
+                                                                                      monkeypatch):
+    """Left open through the compile (seconds), the pipeline read data.prefetch batches ahead, and the arm's first
+    timed steps met no data wait a data-bound run pays later."""
+    import helpers.run.data as data
+    reads = []  # windows cut (the map op: the pipeline's work per sample; the source only hands out indices)
+    cut = data._SliceWindow.__call__
+    monkeypatch.setattr(data._SliceWindow, "__call__", lambda self, i: (reads.append(i), cut(self, i))[1])
+    cfg = _tiny(small_corpus, **{"data.prefetch": 16, "steps": 40})
+    gate = DataGate()
+    trainer = Trainer(cfg, tmp_path / "arm", turns=Turns(gate))
+    trainer.start()
+    trainer.step_block(1)  # the compile step
+    # the batch asked for, and what the workers had in flight when the gate closed (16 batches ahead before)
+    assert len(reads) <= 3 * cfg.batch_size, (len(reads), cfg.batch_size)
+    trainer.step_block(3)
+    assert len(reads) > 4 * cfg.batch_size  # after it, the pipeline reads ahead while the arm steps
+    trainer.finish()
+    gate.open()  # the pipeline's threads end with this process, not blocked on a closed gate

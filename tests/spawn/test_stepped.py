@@ -8,7 +8,7 @@ import pytest
 
 from helpers.config import with_changes
 from helpers.paired import Measurement, SpeedPlan
-from helpers.spawn.stepped import READ_AHEAD_SLACK, launch_stepped, warmup_steps
+from helpers.spawn.stepped import launch_stepped, warmup_steps
 from helpers.tune.study import base_config
 from helpers.wire import PAIRED_FILE
 
@@ -17,15 +17,15 @@ PLAN = SpeedPlan(block_steps=2, looks=(2, 3), alphas=(0.005, 0.005), interleave=
 
 
 def _tiny(corpus, **changes):
-    # prefetch 2: the warm-up is max(steady_after, prefetch + READ_AHEAD_SLACK) = 6 steps; 10 steps then end the
-    # record inside the second pair, so the third pair's steps are measurement-only
-    return base_config("tiny", 10, str(corpus), {"steady_after": 2, "eval_every": 0, "eval_batches": 2,
-                                                 "threads": 1, "data.prefetch": 2, **changes})
+    # the warm-up is steady_after = 6 steps; 10 steps then end the record inside the second pair, so the third
+    # pair's steps are measurement-only
+    return base_config("tiny", 10, str(corpus), {"steady_after": 6, "eval_every": 0, "eval_batches": 2,
+                                                 "threads": 1, **changes})
 
 
-def test_the_warm_up_covers_steady_after_the_profiler_window_and_the_pipelines_read_ahead(small_corpus):
+def test_the_warm_up_covers_steady_after_and_the_profiler_window(small_corpus):
     cfg = _tiny(small_corpus)
-    assert warmup_steps(cfg) == 2 + READ_AHEAD_SLACK
+    assert warmup_steps(cfg) == 6
     assert warmup_steps(with_changes(cfg, {"steady_after": 9})) == 9
     profiled = with_changes(cfg, {"steps": 30, "monitor.profile_steps": 4, "monitor.profile_start": 8})
     assert warmup_steps(profiled) == 11  # the window's last step
