@@ -4,6 +4,7 @@ training included), how often a kernel warned that it runs over TCP without encr
 workbook decided in the two rounds issue 25 named: notebook 02's data round and notebook 05's batch round."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -34,7 +35,20 @@ def item_workbook() -> dict:
     return {"wall_s": wall, "returncode": proc.returncode, "notebooks": notebooks,
             "load_1min": {**load.summary(), "before": load_before, "values": load.values},
             "tcp_warnings": (proc.stdout + proc.stderr).count(TCP_WARNING), "stderr_tail": proc.stderr[-2000:],
-            "rounds": _rounds(REPO / "reports" / "latest" / "workbook")}
+            "rounds": _rounds(REPO / "reports" / "latest" / "workbook"),
+            "mfu": _mfu(REPO / "reports" / "latest" / "workbook")}
+
+
+def _mfu(book: Path) -> dict:
+    """The highest MFU of any run the workbook holds, against each peak, and which run it was."""
+    out = {"runs": 0}
+    for path in book.rglob("summary.json"):
+        s = json.loads(path.read_text(encoding="utf-8"))
+        out["runs"] += 1
+        for key in ("mfu", "mfu_hardware"):
+            if s.get(key) is not None and s[key] > out.get(key, (0.0, ""))[0]:
+                out[key] = (s[key], str(path.parent.relative_to(book)))
+    return out
 
 
 def _rounds(book: Path) -> dict:
@@ -88,6 +102,16 @@ def _batch_round(r: dict) -> Judgement:
                                              f"{sorted(got['changes'])}; {got['reason'][:160]}")
 
 
+def _mfu_below_peaks(r: dict) -> Judgement:
+    got = r.get("mfu")
+    if not got or not got.get("runs"):
+        return Judgement(NOT_MEASURED, "no run summary read")
+    over = [f"{k} {got[k][0]:.1%} ({got[k][1]})" for k in ("mfu", "mfu_hardware") if k in got and got[k][0] > 1.0]
+    line = (f"{got['runs']} runs; highest MFU: " + ", ".join(f"{k} {got[k][0]:.1%} ({got[k][1]})"
+                                                          for k in ("mfu", "mfu_hardware") if k in got))
+    return Judgement(MISSED if over else MET, line)
+
+
 ITEMS = [Item("workbook", "`make workbook` wall time, per notebook, with the load average", lambda a: item_workbook(),
               rows,
               (Check(MUST, f"`make workbook` exits 0 within {WORKBOOK_LIMIT_S} s", _within_limit,
@@ -96,6 +120,8 @@ ITEMS = [Item("workbook", "`make workbook` wall time, per notebook, with the loa
                      lambda r: at_most(r.get("tcp_warnings"), 0, f"{r.get('tcp_warnings')} '{TCP_WARNING}' lines "
                                                                  f"({{sign}} 0)"),
                      miss={"tcp_warnings": 15}),
+               Check(MUST, "no run shows an MFU above 100% of either peak (matmul, hardware)", _mfu_below_peaks,
+                     miss={"mfu": {"runs": 3, "mfu": (1.44, "studies/data_pipeline/baseline/run_2")}}),
                Check(MUST, "notebook 02's data round is kept, with its parts (data wait, compute, stalls)", _data_round,
                      miss={"rounds": {"data": {"name": "d", "decision": "no change", "parts": {}}}}),
                Check(MUST, "notebook 05's batch round is judged by time to target, its lr scaled by a named rule",

@@ -228,11 +228,15 @@ class Trainer:
             self._configure(str(prep.tokenizer.vocab_size))
         with cost.phase("peak"):  # both peaks MFU divides by: the model's own matmul shapes, the CPU's arithmetic
             dtype = "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype
-            peak_info = peak_flops_info(cfg.device_target, dtype, cfg.threads,
-                                        matmul_shapes(cfg, cfg.model.vocab_size or prep.tokenizer.vocab_size))
+            shapes = matmul_shapes(cfg, cfg.model.vocab_size or prep.tokenizer.vocab_size)
+            peak_info = peak_flops_info(cfg.device_target, dtype, cfg.threads, shapes)
             hardware = hardware_peak(dtype, cfg.device_target)
         self.extra_summary.update(peak_summary(peak_info, hardware))  # which peaks the MFU used: when, load
-        self._peaks = Peaks(peak_info["flops"], (hardware or {}).get("flops"))
+
+        def remeasure() -> tuple[float, dict]:
+            info = peak_flops_info(cfg.device_target, dtype, cfg.threads, shapes, refresh=True)
+            return info["flops"], peak_summary(info, hardware)
+        self._peaks = Peaks(peak_info["flops"], (hardware or {}).get("flops"), remeasure)
         with cost.phase("build"):
             self._built = build(cfg, prep, self.run_dir, kernels, cfg.steps + self.turns.extra_steps)
         if self._built.amp_audit is not None:
