@@ -115,3 +115,16 @@ def notebooks_run(tmp_path_factory):
         except Exception as exc:  # every notebook is tried; all failures are reported together
             failures[path.stem] = str(exc).strip().splitlines()[-1][:300]
     return root, failures
+
+
+class FakeBar:
+    """What the progress code drives of a tqdm bar: its position, postfix and refreshes."""
+
+    def __init__(self):
+        self.n, self.postfix, self.refreshed = 0, {}, 0
+
+    def set_postfix(self, refresh=False, **values):
+        self.postfix = values
+
+    def refresh(self):
+        self.refreshed += 1

@@ -12,21 +12,11 @@ from helpers.spawn.paired import launch_pair, show_progress
 from helpers.tune.study import base_config
 from helpers.wire import (PAIR_REQUEST_FILE, PairDone, PairStart, StepRow, decode_rank_file, encode, encode_row,
                           rank_files)
-
-
-class _Bar:
-    def __init__(self):
-        self.n, self.postfix, self.refreshed = 0, {}, 0
-
-    def set_postfix(self, refresh=False, **values):
-        self.postfix = values
-
-    def refresh(self):
-        self.refreshed += 1
+from tests.conftest import FakeBar
 
 
 def test_progress_lines_move_the_bar_and_reach_the_listeners():
-    bar, heard = _Bar(), []
+    bar, heard = FakeBar(), []
     arms = {"reference": {"step": 10, "loss": 3.0, "tokens_per_s": 900.0},
             "candidate": {"step": 10, "loss": None, "tokens_per_s": 950.0}}
     with listen(lambda label, row: heard.append((label, row))):

@@ -14,7 +14,7 @@ from helpers.spawn.live import listen
 from helpers.spawn.runner import child_env, launch, launch_or_reuse, show_row, stream_child
 from helpers.tune.study import base_config
 from helpers.wire import StepRow, encode_row
-from tests.conftest import REPO
+from tests.conftest import REPO, FakeBar
 
 
 def _tiny(corpus, steps: int = 6):
@@ -22,21 +22,8 @@ def _tiny(corpus, steps: int = 6):
                                                     "threads": 1})
 
 
-class _Bar:
-    """What show_row drives of a tqdm bar: its position and postfix."""
-
-    def __init__(self):
-        self.n, self.postfix, self.refreshed = 0, {}, 0
-
-    def set_postfix(self, refresh=False, **values):
-        self.postfix = values
-
-    def refresh(self):
-        self.refreshed += 1
-
-
 def test_a_step_row_moves_the_bar_and_reaches_the_listeners_other_lines_do_not():
-    bar, heard = _Bar(), []
+    bar, heard = FakeBar(), []
     with listen(lambda label, row: heard.append((label, row))):
         show_row(bar, "run x", "a line of the child's own output")
         show_row(bar, "run x", encode_row(StepRow(4, 2.25, 1234.0, 9.5)))
