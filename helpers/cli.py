@@ -241,10 +241,27 @@ def add_replace_argument(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The `python -m helpers` command line: one subcommand per job, each calling its cmd_* function."""
     p = argparse.ArgumentParser(prog="python -m helpers", description="MindSpore LLM-training tuning workbook")
     sub = p.add_subparsers(dest="command", required=True)
     default_progress = "bar" if sys.stderr.isatty() else "log"
+    _add_run_commands(sub, default_progress)
+    _add_internal_commands(sub)
+    s = sub.add_parser("show", help="print a run's summary table")
+    s.add_argument("run_dir")
+    s.set_defaults(func=cmd_show)
+    _add_workbook_command(sub)
+    _add_profile_commands(sub, default_progress)
+    _add_autotune_command(sub)
+    tb = sub.add_parser("tensorboard", help="TensorBoard event files from runs and workbooks (needs tensorboardX)")
+    tb.add_argument("sources", nargs="+", metavar="RUN_OR_WORKBOOK", help="run or workbook folders")
+    tb.add_argument("--out", required=True, help="log folder to write (then: tensorboard --logdir OUT)")
+    tb.set_defaults(func=cmd_tensorboard)
+    return p
 
+
+def _add_run_commands(sub, default_progress: str) -> None:
+    """train and resume: one run, new or continued."""
     t = sub.add_parser("train", help="train one run and write its record")
     add_config_arguments(t)
     t.add_argument("--out", required=True, help="run directory to write (new, or empty)")
@@ -258,6 +275,9 @@ def parser() -> argparse.ArgumentParser:
     add_progress_argument(r, default_progress)
     r.set_defaults(func=cmd_resume)
 
+
+def _add_internal_commands(sub) -> None:
+    """arm and zygote: processes the rounds and the runner start, not the user."""
     am = sub.add_parser("arm", help="(internal) one arm of a speed round: a process that steps when asked")
     am.add_argument("--config", required=True)
     am.add_argument("--out", required=True)
@@ -271,10 +291,8 @@ def parser() -> argparse.ArgumentParser:
     z.add_argument("--listen-fd", type=int, help="a listening Unix socket: serve whoever connects too")
     z.set_defaults(func=cmd_zygote)
 
-    s = sub.add_parser("show", help="print a run's summary table")
-    s.add_argument("run_dir")
-    s.set_defaults(func=cmd_show)
 
+def _add_workbook_command(sub) -> None:
     from helpers.book.notebooks import NOTEBOOK_TIMEOUT_S
     from helpers.paths import NOTEBOOKS_DIR
     w = sub.add_parser("workbook", help="run every notebook headless → executed copies, HTML, index.html")
@@ -286,6 +304,9 @@ def parser() -> argparse.ArgumentParser:
                         f"(default {NOTEBOOK_TIMEOUT_S:g})")
     w.set_defaults(func=cmd_workbook)
 
+
+def _add_profile_commands(sub, default_progress: str) -> None:
+    """profile and diagnose: where a run's time goes."""
     pf = sub.add_parser("profile", help="train with a profiler window; print the top operators and overhead")
     add_config_arguments(pf)
     pf.add_argument("--steps", type=int, default=40, help="profiled steps (default 40)")
@@ -300,6 +321,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("run_dir")
     d.set_defaults(func=cmd_diagnose)
 
+
+def _add_autotune_command(sub) -> None:
     a = sub.add_parser("autotune", help="walk tuning rounds from a baseline within a time budget")
     add_config_arguments(a, "YAML config of the baseline")
     a.add_argument("--budget-min", type=float, required=True, help="wall-clock budget in minutes")
@@ -315,12 +338,6 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--seeds", type=int, default=2, help="seeds per arm of a time_to_target round (default 2)")
     a.add_argument("--eta", type=int, default=3, help="successive halving: promote the top 1/eta (default 3)")
     a.set_defaults(func=cmd_autotune)
-
-    tb = sub.add_parser("tensorboard", help="TensorBoard event files from runs and workbooks (needs tensorboardX)")
-    tb.add_argument("sources", nargs="+", metavar="RUN_OR_WORKBOOK", help="run or workbook folders")
-    tb.add_argument("--out", required=True, help="log folder to write (then: tensorboard --logdir OUT)")
-    tb.set_defaults(func=cmd_tensorboard)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -391,63 +391,12 @@ def autotune(cfg: Config, out: str | os.PathLike, budget_min: float, repeats: in
             result.stop_reason = f"max_rounds: {max_rounds} round(s) run, as asked"
             break
         left = budget - (time.monotonic() - start)
-        best_cfg = wb.best_config()
-        best = wb.best_runs()
-        run = median_run(best)
-        diag = diagnose(run)
-        run_name = Path(run.path).relative_to(wb.path).as_posix()
         overhead = max(overheads) if overheads else DEFAULT_OVERHEAD_S
-        queue, empty = candidates(best_cfg, diag, keep_global_batch=keep_global_batch)
-        tried = tried_changes(wb.ledger())
-        queue = [c for c in queue if c.key() not in tried]
-        chosen, too_long = None, []
-        for i, cand in enumerate(queue):
-            current = config_mod.flatten(best_cfg)
-            moved = {k: (current[k], v) for k, v in cand.changes.items()}
-            try:
-                wb.candidate(cand.name, cand.changes)
-            except (ConfigError, RoundError) as exc:
-                why = f"not run: the config refuses it — {exc}. It was considered because {cand.why}"
-                wb.note(cand.name, why, moved, decision="skipped", who=WHO)
-                result.skipped.append({"name": cand.name, "why": str(exc)})
-                log(f"skipped {cand.name}: {exc}")
-                continue
-            est, how = estimate_s(cand, best, best_cfg, overhead)
-            if est > left:
-                too_long.append((cand, est))
-                continue
-            chosen = (cand, est, how, [c.name for c in queue[i + 1:]])
+        chosen = _next_round(wb, result, left, overhead, keep_global_batch, log)
+        if isinstance(chosen, str):
+            result.stop_reason = chosen
             break
-        if chosen is None:
-            if too_long:
-                names = ", ".join(f"{c.name} (~{e:.0f} s)" for c, e in too_long)
-                result.stop_reason = (f"budget: {left:.0f} s of {budget:.0f} s left, and no remaining candidate "
-                                      f"fits: {names}")
-            else:
-                result.stop_reason = (f"nothing left to try for a {diag.bottleneck} run: every candidate was run, "
-                                      f"kept or refused" + (f" ({'; '.join(empty.values())})" if empty else ""))
-            break
-        cand, est, how, after = chosen
-        tok = run.summary.get("tokens_per_s") or 0.0
-        why = (f"Diagnosis of the current best ({run_name}, {tok:,.0f} tokens/s): {diag.bottleneck} — "
-               f"{'; '.join(diag.reasons)}. Search order for it: {', '.join(family_order(diag, best_cfg))}. "
-               f"Chosen: {cand.name} ({', '.join(f'{k}={v}' for k, v in cand.changes.items())}) because "
-               f"{cand.why}. Next in line: {', '.join(after) or 'nothing'}. Estimated {est:.0f} s ({how}) of "
-               f"{left:.0f} s left.")
-        reasoning = {"diagnosis": _diagnosis_fields(diag, run_name), "family": cand.family,
-                     "candidate_why": cand.why, "next_in_line": after, "estimate_s": round(est, 1),
-                     "budget_left_s": round(left, 1), "overhead_s": round(overhead, 2)}
-        t = time.monotonic()
-        done = wb.run_round(cand.name, cand.changes, progress=progress, who=WHO, why=why, reasoning=reasoning,
-                            objective=cand.objective, seeds=TTQ_SEEDS)
-        actual = time.monotonic() - t
-        runs = [*load_runs(done.candidate_runs), *load_runs(done.reference_runs)]
-        overheads.append(overhead_s(actual, runs))
-        result.rounds.append({"round": done.index, "name": done.name, "decision": done.decision,
-                              "speedup": done.verdict.speedup, "estimate_s": est, "actual_s": actual,
-                              "reason": done.verdict.reason})
-        log(f"round {done.index} {done.name}: {done.decision} (×{done.verdict.speedup or float('nan'):.2f}; "
-            f"estimated {est:.0f} s, took {actual:.0f} s)")
+        _run_round(wb, result, chosen, progress, overheads, log)
     result.elapsed_s = time.monotonic() - start
     result.speedup = _speedup(wb)
     actuals = ", ".join(f"{r['name']} {r['estimate_s']:.0f}/{r['actual_s']:.0f} s" for r in result.rounds)
@@ -456,3 +405,93 @@ def autotune(cfg: Config, out: str | os.PathLike, budget_min: float, repeats: in
             f"{'n/a' if result.speedup is None else f'×{result.speedup:.2f}'}.", decision="stop", who=WHO,
             reasoning={"elapsed_s": round(result.elapsed_s, 1), "budget_s": budget, "speedup": result.speedup})
     return result
+
+
+@dataclass
+class _Chosen:
+    """The round the tuner runs next: its candidate, its estimate (seconds) and its ledger why and reasoning."""
+    cand: Candidate
+    est: float
+    why: str
+    reasoning: dict
+
+
+def _next_round(wb: Workbook, result: AutotuneResult, left: float, overhead: float, keep_global_batch: bool,
+                log: Callable[[str], None]) -> _Chosen | str:
+    """The first untried candidate for the current best's diagnosis that the config accepts and `left` seconds
+    fit, with its reasoning; or, when there is none, why the tuner stops."""
+    best_cfg = wb.best_config()
+    best = wb.best_runs()
+    run = median_run(best)
+    diag = diagnose(run)
+    run_name = Path(run.path).relative_to(wb.path).as_posix()
+    queue, empty = candidates(best_cfg, diag, keep_global_batch=keep_global_batch)
+    tried = tried_changes(wb.ledger())
+    queue = [c for c in queue if c.key() not in tried]
+    chosen, too_long = _first_fitting(wb, queue, best, best_cfg, overhead, left, result, log)
+    if chosen is None and too_long:
+        names = ", ".join(f"{c.name} (~{e:.0f} s)" for c, e in too_long)
+        return f"budget: {left:.0f} s of {result.budget_s:.0f} s left, and no remaining candidate fits: {names}"
+    if chosen is None:
+        return (f"nothing left to try for a {diag.bottleneck} run: every candidate was run, kept or refused"
+                + (f" ({'; '.join(empty.values())})" if empty else ""))
+    cand, est, how, after = chosen
+    tok = run.summary.get("tokens_per_s") or 0.0
+    why = (f"Diagnosis of the current best ({run_name}, {tok:,.0f} tokens/s): {diag.bottleneck} — "
+           f"{'; '.join(diag.reasons)}. Search order for it: {', '.join(family_order(diag, best_cfg))}. "
+           f"Chosen: {cand.name} ({', '.join(f'{k}={v}' for k, v in cand.changes.items())}) because "
+           f"{cand.why}. Next in line: {', '.join(after) or 'nothing'}. Estimated {est:.0f} s ({how}) of "
+           f"{left:.0f} s left.")
+    reasoning = {"diagnosis": _diagnosis_fields(diag, run_name), "family": cand.family,
+                 "candidate_why": cand.why, "next_in_line": after, "estimate_s": round(est, 1),
+                 "budget_left_s": round(left, 1), "overhead_s": round(overhead, 2)}
+    return _Chosen(cand, est, why, reasoning)
+
+
+def _first_fitting(wb: Workbook, queue: list[Candidate], best: list[RunRecord], best_cfg: Config, overhead: float,
+                   left: float, result: AutotuneResult,
+                   log: Callable[[str], None]) -> tuple[tuple | None, list[tuple[Candidate, float]]]:
+    """((candidate, estimate s, how reckoned, the names after it) for the first of `queue` the config accepts and
+    `left` seconds fit, or None; and the (candidate, estimate s) passed over as too long. A refused candidate is
+    a skipped note."""
+    too_long = []
+    for i, cand in enumerate(queue):
+        try:
+            wb.candidate(cand.name, cand.changes)
+        except (ConfigError, RoundError) as exc:
+            note_refused(wb, cand, best_cfg, exc, result, log)
+            continue
+        est, how = estimate_s(cand, best, best_cfg, overhead)
+        if est > left:
+            too_long.append((cand, est))
+            continue
+        return (cand, est, how, [c.name for c in queue[i + 1:]]), too_long
+    return None, too_long
+
+
+def note_refused(wb: Workbook, cand: Candidate, best_cfg: Config, exc: Exception, result: AutotuneResult,
+                 log: Callable[[str], None]) -> None:
+    """Record a candidate the config refuses (`exc`) as a skipped note: it is never run, nor tried again."""
+    current = config_mod.flatten(best_cfg)
+    wb.note(cand.name, f"not run: the config refuses it — {exc}. It was considered because {cand.why}",
+            {k: (current[k], v) for k, v in cand.changes.items()}, decision="skipped", who=WHO)
+    result.skipped.append({"name": cand.name, "why": str(exc)})
+    log(f"skipped {cand.name}: {exc}")
+
+
+def _run_round(wb: Workbook, result: AutotuneResult, chosen: _Chosen, progress: bool, overheads: list[float],
+               log: Callable[[str], None]) -> None:
+    """Run the chosen round; its outcome goes to the result and the log, the per-run overhead it measured to
+    `overheads`."""
+    cand = chosen.cand
+    t = time.monotonic()
+    done = wb.run_round(cand.name, cand.changes, progress=progress, who=WHO, why=chosen.why,
+                        reasoning=chosen.reasoning, objective=cand.objective, seeds=TTQ_SEEDS)
+    actual = time.monotonic() - t
+    runs = [*load_runs(done.candidate_runs), *load_runs(done.reference_runs)]
+    overheads.append(overhead_s(actual, runs))
+    result.rounds.append({"round": done.index, "name": done.name, "decision": done.decision,
+                          "speedup": done.verdict.speedup, "estimate_s": chosen.est, "actual_s": actual,
+                          "reason": done.verdict.reason})
+    log(f"round {done.index} {done.name}: {done.decision} (×{done.verdict.speedup or float('nan'):.2f}; "
+        f"estimated {chosen.est:.0f} s, took {actual:.0f} s)")

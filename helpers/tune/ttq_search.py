@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -41,7 +42,7 @@ from helpers.config import Config, ConfigError
 from helpers.record import RunRecord
 from helpers.spawn.runner import launch
 from helpers.tune.autotune import (BUDGET_MARGIN, WHO, AutotuneError, AutotuneResult, Candidate, median_run,
-                                   tried_changes, candidates, check_budget)
+                                   note_refused, tried_changes, candidates, check_budget)
 from helpers.tune.convergence import RECIPE, TIME_TO_TARGET, eval_curve, time_to_target, ttq_arms
 from helpers.tune.diagnose import diagnose
 from helpers.tune.ledger import RoundError
@@ -130,11 +131,7 @@ def _arms(wb: Workbook, best_cfg: Config, best: list[RunRecord], result: Autotun
         try:
             wb.candidate(cand.name, cand.changes, TIME_TO_TARGET)
         except (ConfigError, RoundError) as exc:
-            current = config_mod.flatten(best_cfg)
-            wb.note(cand.name, f"not run: the config refuses it — {exc}. It was considered because {cand.why}",
-                    {k: (current[k], v) for k, v in cand.changes.items()}, decision="skipped", who=WHO)
-            result.skipped.append({"name": cand.name, "why": str(exc)})
-            log(f"skipped {cand.name}: {exc}")
+            note_refused(wb, cand, best_cfg, exc, result, log)
             continue
         out.append(cand)
     return out
@@ -153,103 +150,186 @@ def autotune_time_to_target(cfg: Config, out, budget_min: float, target_val_loss
                   progress=progress, log=log, baseline_runs=baseline_runs)
 
 
+@dataclass
+class _Search:
+    """What every bracket of one `search` call shares."""
+    wb: Workbook
+    result: AutotuneResult
+    start: float  # time.monotonic() when the call began
+    target: float
+    seeds: int
+    eta: int
+    progress: bool
+    log: Callable[[str], None]
+    overheads: list[float] = field(default_factory=list)  # per-run seconds outside elapsed_s, measured so far
+
+    def left_s(self) -> float:
+        """Budget seconds left."""
+        return self.result.budget_s - (time.monotonic() - self.start)
+
+
+@dataclass
+class _Plan:
+    """One bracket: the best it starts from, its cap and its estimates (seconds), and its arms."""
+    index: int
+    best_cfg: Config
+    best: list[RunRecord]
+    t_best: float
+    best_words: str
+    cap: float
+    overhead: float
+    left: float
+    round_s: float
+    screen_s: float
+    arms: list[Candidate]
+    screens_fit: int  # screening runs that fit before a round
+
+    @property
+    def screened(self) -> bool:
+        """Whether the arms race (rung 1); else the first arm goes straight to a round."""
+        return self.screens_fit >= 2
+
+
 def search(cfg: Config, out, budget_s: float, target: float, seeds: int = 2, repeats: int = 2, eta: int = 3,
            progress: bool = False, log: Callable[[str], None] = print,
            baseline_runs: list[RunRecord] | None = None) -> AutotuneResult:
     """Run the brackets described in the module docstring into the workbook at `out` (created or continued) until
     the budget (seconds) or the arms run out. `target`: validation loss in nats/token. `baseline_runs`: finished
     runs of `cfg` to pin as the baseline instead of training it (`Workbook.baseline(adopt=...)`)."""
+    _check_target_and_eta(target, eta)
+    # every run compiles cold, as in a round (convergence.ttq_arms): the baseline's times are then comparable
+    cfg = config_mod.with_changes(cfg, {"target_val_loss": float(target), "compile_cache": False})
+    start = time.monotonic()
+    wb = Workbook.create(out, cfg, repeats=repeats)
+    ctx = _Search(wb, AutotuneResult(path=wb.path, budget_s=budget_s, objective=TIME_TO_TARGET), start, target,
+                  seeds, eta, progress, log)
+    ctx.overheads = _baseline(ctx, baseline_runs)
+    bracket = sum(e["event"] == "note" and e["name"].startswith("bracket_") for e in wb.ledger())
+    while True:
+        plan = _plan(ctx, bracket + 1)
+        if isinstance(plan, str):
+            ctx.result.stop_reason = plan
+            break
+        bracket = plan.index
+        _note_plan(ctx, plan)
+        promoted = _screen(ctx, plan) if plan.screened else plan.arms[:1]
+        _run_promoted(ctx, plan, promoted)
+    _note_stop(ctx)
+    return ctx.result
+
+
+def _check_target_and_eta(target: float, eta: int) -> None:
+    """A one-line AutotuneError for a target or an η `search` cannot use."""
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not math.isfinite(target) or target <= 0:
         raise AutotuneError(f"target_val_loss={target!r} must be a positive validation loss in nats/token, e.g. "
                             f"--target-val-loss 1.9")
     if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
         raise AutotuneError(f"eta={eta!r} must be a whole number >= 2 (the fraction 1/eta of arms promoted)")
-    # every run compiles cold, as in a round (convergence.ttq_arms): the baseline's times are then comparable
-    cfg = config_mod.with_changes(cfg, {"target_val_loss": float(target), "compile_cache": False})
-    start = time.monotonic()
-    wb = Workbook.create(out, cfg, repeats=repeats)
-    result = AutotuneResult(path=wb.path, budget_s=budget_s, objective=TIME_TO_TARGET)
-    pinned = any(e["event"] == "baseline" for e in wb.ledger())
-    base = wb.baseline(progress=progress, who=WHO, adopt=baseline_runs)
-    pinned = pinned or bool(baseline_runs)
-    # per-run seconds outside elapsed_s (launch, exit), measured on the baseline when this call trained it
-    overheads = [] if pinned else [(time.monotonic() - start) / len(base) - max(_run_wall_s(r) for r in base)]
-    log(f"baseline: {_times_words(base, target)} to val loss {target:g} ({time.monotonic() - start:.0f} s)")
-    bracket = sum(e["event"] == "note" and e["name"].startswith("bracket_") for e in wb.ledger())
-    while True:
-        best_cfg, best = wb.best_config(), wb.best_runs()
-        t_best, best_words = time_to_beat(best, target)
-        cap = t_best * CAP_MARGIN
-        overhead = max([DEFAULT_OVERHEAD_S, *overheads])  # overheads is empty when the baseline was pinned
-        left = budget_s - (time.monotonic() - start)
-        ref_s = float(np.mean([_run_wall_s(r) for r in best])) + overhead
-        round_s = seeds * (ref_s + cap + overhead) * BUDGET_MARGIN
-        arms = _arms(wb, best_cfg, best, result, log)
-        if not arms:
-            result.stop_reason = "nothing left to try: every arm of the recipe grid and the speed levers was tried"
-            break
-        if left < round_s:
-            result.stop_reason = (f"budget: {left:.0f} s of {budget_s:.0f} s left, and a round needs ~{round_s:.0f} s "
-                                  f"({seeds}×({ref_s:.0f} s reference + {cap:.0f} s capped candidate + "
-                                  f"{overhead:.0f} s)×{BUDGET_MARGIN})")
-            break
-        screen_s = (cap + overhead) * BUDGET_MARGIN  # a screening run at most; the race lowers its cap
-        n = min(len(arms), int((left - round_s) // screen_s))
-        bracket += 1
-        plan = (f"Bracket {bracket}: {best_words}, so no arm runs past {cap:.1f} s (×{CAP_MARGIN}: an arm not there by then cannot beat it). "
-                f"{left:.0f} s left; a round costs ~{round_s:.0f} s, a screening run at most ~{screen_s:.0f} s"
-                + (f", so the {len(arms)} arms race to the target one after another, each capped at the fastest "
-                   f"time so far ×{CAP_MARGIN}, while a round still fits after them; the top 1/η (η={eta}) of those "
-                   f"that beat the best go to rounds." if n >= 2 else
-                   f"; fewer than two screening runs fit, so the first arm ({arms[0].name}: the recipe grid is "
-                   f"ordered soonest-finishing first) goes straight to a round."))
-        wb.note(f"bracket_{bracket:02d}", plan, decision="plan", who=WHO,
-                reasoning={"best_time_s": round(t_best, 2), "cap_s": round(cap, 2), "eta": eta,
-                           "arms": [a.name for a in arms], "round_estimate_s": round(round_s, 1),
-                           "screen_estimate_s": round(screen_s, 1), "budget_left_s": round(left, 1),
-                           "overhead_s": round(overhead, 2)})
-        log(plan)
-        promoted = (_screen(wb, arms, best_cfg, t_best, best, bracket, cap, eta, target, progress, overheads, log,
-                            lambda: budget_s - (time.monotonic() - start), round_s) if n >= 2 else arms[:1])
-        for rank, arm in enumerate(promoted, 1):
-            left = budget_s - (time.monotonic() - start)
-            t_best = time_to_beat(wb.best_runs(), target)[0]
-            cap = t_best * CAP_MARGIN
-            if left < round_s:
-                current = config_mod.flatten(wb.best_config())
-                wb.note(arm.name, f"promoted but not run: {left:.0f} s left < ~{round_s:.0f} s for its round",
+
+
+def _baseline(ctx: _Search, adopt: list[RunRecord] | None) -> list[float]:
+    """Train the baseline, or pin `adopt`; the per-run seconds outside elapsed_s (launch, exit) it measured."""
+    pinned = any(e["event"] == "baseline" for e in ctx.wb.ledger()) or bool(adopt)
+    base = ctx.wb.baseline(progress=ctx.progress, who=WHO, adopt=adopt)
+    # measured on the baseline only when this call trained it
+    overheads = [] if pinned else [(time.monotonic() - ctx.start) / len(base) - max(_run_wall_s(r) for r in base)]
+    ctx.log(f"baseline: {_times_words(base, ctx.target)} to val loss {ctx.target:g} "
+            f"({time.monotonic() - ctx.start:.0f} s)")
+    return overheads
+
+
+def _plan(ctx: _Search, index: int) -> _Plan | str:
+    """Bracket `index` from the current best: its arms, cap and estimates; or why the search stops (no arm left,
+    or no round fits in the budget)."""
+    best_cfg, best = ctx.wb.best_config(), ctx.wb.best_runs()
+    t_best, best_words = time_to_beat(best, ctx.target)
+    cap = t_best * CAP_MARGIN
+    overhead = max([DEFAULT_OVERHEAD_S, *ctx.overheads])  # overheads is empty when the baseline was pinned
+    left = ctx.left_s()
+    ref_s = float(np.mean([_run_wall_s(r) for r in best])) + overhead
+    round_s = ctx.seeds * (ref_s + cap + overhead) * BUDGET_MARGIN
+    arms = _arms(ctx.wb, best_cfg, best, ctx.result, ctx.log)
+    if not arms:
+        return "nothing left to try: every arm of the recipe grid and the speed levers was tried"
+    if left < round_s:
+        return (f"budget: {left:.0f} s of {ctx.result.budget_s:.0f} s left, and a round needs ~{round_s:.0f} s "
+                f"({ctx.seeds}×({ref_s:.0f} s reference + {cap:.0f} s capped candidate + {overhead:.0f} s)"
+                f"×{BUDGET_MARGIN})")
+    screen_s = (cap + overhead) * BUDGET_MARGIN  # a screening run at most; the race lowers its cap
+    return _Plan(index, best_cfg, best, t_best, best_words, cap, overhead, left, round_s, screen_s, arms,
+                 screens_fit=min(len(arms), int((left - round_s) // screen_s)))
+
+
+def _note_plan(ctx: _Search, plan: _Plan) -> None:
+    """The bracket's plan note: its cap, its estimates, and whether its arms race or the first goes to a round."""
+    text = (f"Bracket {plan.index}: {plan.best_words}, so no arm runs past {plan.cap:.1f} s (×{CAP_MARGIN}: an arm "
+            f"not there by then cannot beat it). {plan.left:.0f} s left; a round costs ~{plan.round_s:.0f} s, a "
+            f"screening run at most ~{plan.screen_s:.0f} s"
+            + (f", so the {len(plan.arms)} arms race to the target one after another, each capped at the fastest "
+               f"time so far ×{CAP_MARGIN}, while a round still fits after them; the top 1/η (η={ctx.eta}) of those "
+               f"that beat the best go to rounds." if plan.screened else
+               f"; fewer than two screening runs fit, so the first arm ({plan.arms[0].name}: the recipe grid is "
+               f"ordered soonest-finishing first) goes straight to a round."))
+    ctx.wb.note(f"bracket_{plan.index:02d}", text, decision="plan", who=WHO,
+                reasoning={"best_time_s": round(plan.t_best, 2), "cap_s": round(plan.cap, 2), "eta": ctx.eta,
+                           "arms": [a.name for a in plan.arms], "round_estimate_s": round(plan.round_s, 1),
+                           "screen_estimate_s": round(plan.screen_s, 1), "budget_left_s": round(plan.left, 1),
+                           "overhead_s": round(plan.overhead, 2)})
+    ctx.log(text)
+
+
+def _run_promoted(ctx: _Search, plan: _Plan, promoted: list[Candidate]) -> None:
+    """Rung 2: the promoted arms, best first, each a round against the best of its time while one fits; an arm
+    the budget left out is a "not run" note."""
+    for rank, arm in enumerate(promoted, 1):
+        left = ctx.left_s()
+        t_best = time_to_beat(ctx.wb.best_runs(), ctx.target)[0]  # a kept round may have moved the best
+        if left < plan.round_s:
+            current = config_mod.flatten(ctx.wb.best_config())
+            ctx.wb.note(arm.name, f"promoted but not run: {left:.0f} s left < ~{plan.round_s:.0f} s for its round",
                         {k: (current[k], v) for k, v in arm.changes.items()}, decision="not run", who=WHO,
-                        reasoning={"bracket": bracket, "rank": rank, "budget_left_s": round(left, 1),
-                                   "estimate_s": round(round_s, 1)})
-                continue
-            origin = f"promoted from the bracket {bracket} screen, rank {rank}" if n >= 2 else \
-                f"the first arm of bracket {bracket} (no screen fitted)"
-            why = (f"Round for {origin}: {arm.name} ({', '.join(f'{k}={v}' for k, v in arm.changes.items())}) because {arm.why}. "
-                   f"Judged on wall seconds to val loss {target:g} with {seeds} seeds per arm; the candidate is "
-                   f"capped at {cap:.1f} s (the best's {t_best:.1f} s ×{CAP_MARGIN}). Estimated {round_s:.0f} s of "
-                   f"{left:.0f} s left.")
-            t = time.monotonic()
-            done = wb.run_round(arm.name, arm.changes, progress=progress, who=WHO, objective=TIME_TO_TARGET,
-                                seeds=seeds, target=target, time_cap_s=cap, why=why,
-                                reasoning={"bracket": bracket, "rank": rank, "family": arm.family,
-                                           "candidate_why": arm.why, "best_time_s": round(t_best, 2),
-                                           "cap_s": round(cap, 2), "estimate_s": round(round_s, 1),
-                                           "budget_left_s": round(left, 1)})
-            actual = time.monotonic() - t
-            result.rounds.append({"round": done.index, "name": done.name, "decision": done.decision,
-                                  "speedup": done.verdict.speedup, "estimate_s": round_s, "actual_s": actual,
-                                  "reason": done.verdict.reason})
-            log(f"round {done.index} {done.name}: {done.decision} ({done.verdict.reason})")
-    result.elapsed_s = time.monotonic() - start
+                        reasoning={"bracket": plan.index, "rank": rank, "budget_left_s": round(left, 1),
+                                   "estimate_s": round(plan.round_s, 1)})
+            continue
+        _run_round(ctx, plan, rank, arm, left, t_best)
+
+
+def _run_round(ctx: _Search, plan: _Plan, rank: int, arm: Candidate, left: float, t_best: float) -> None:
+    """One time-to-target round of `arm` against the best (`t_best` seconds to the target), the candidate capped
+    at `t_best` × CAP_MARGIN; its outcome goes to the result and the log."""
+    cap = t_best * CAP_MARGIN
+    origin = f"promoted from the bracket {plan.index} screen, rank {rank}" if plan.screened else \
+        f"the first arm of bracket {plan.index} (no screen fitted)"
+    why = (f"Round for {origin}: {arm.name} ({', '.join(f'{k}={v}' for k, v in arm.changes.items())}) because "
+           f"{arm.why}. Judged on wall seconds to val loss {ctx.target:g} with {ctx.seeds} seeds per arm; the "
+           f"candidate is capped at {cap:.1f} s (the best's {t_best:.1f} s ×{CAP_MARGIN}). Estimated "
+           f"{plan.round_s:.0f} s of {left:.0f} s left.")
+    t = time.monotonic()
+    done = ctx.wb.run_round(arm.name, arm.changes, progress=ctx.progress, who=WHO, objective=TIME_TO_TARGET,
+                            seeds=ctx.seeds, target=ctx.target, time_cap_s=cap, why=why,
+                            reasoning={"bracket": plan.index, "rank": rank, "family": arm.family,
+                                       "candidate_why": arm.why, "best_time_s": round(t_best, 2),
+                                       "cap_s": round(cap, 2), "estimate_s": round(plan.round_s, 1),
+                                       "budget_left_s": round(left, 1)})
+    actual = time.monotonic() - t
+    ctx.result.rounds.append({"round": done.index, "name": done.name, "decision": done.decision,
+                              "speedup": done.verdict.speedup, "estimate_s": plan.round_s, "actual_s": actual,
+                              "reason": done.verdict.reason})
+    ctx.log(f"round {done.index} {done.name}: {done.decision} ({done.verdict.reason})")
+
+
+def _note_stop(ctx: _Search) -> None:
+    """Close the call: elapsed seconds and baseline ÷ best seconds to the target on the result, and a stop note."""
+    result, wb, target = ctx.result, ctx.wb, ctx.target
+    result.elapsed_s = time.monotonic() - ctx.start
     base_t, best_t = best_time(wb.baseline_runs(), target), best_time(wb.best_runs(), target)
     result.speedup = base_t / best_t if base_t and best_t else None
     actuals = ", ".join(f"{r['name']} {r['estimate_s']:.0f}/{r['actual_s']:.0f} s" for r in result.rounds)
-    wb.note("autotune_stop", f"Stopped: {result.stop_reason}. Wall time {result.elapsed_s:.0f} s of {budget_s:.0f} s; "
-            f"rounds estimated/actual: {actuals or 'none'}; time to val loss {target:g}: baseline "
-            f"{_times_words(wb.baseline_runs(), target)} → best {_times_words(wb.best_runs(), target)}.",
-            decision="stop", who=WHO, reasoning={"elapsed_s": round(result.elapsed_s, 1), "budget_s": budget_s,
+    wb.note("autotune_stop", f"Stopped: {result.stop_reason}. Wall time {result.elapsed_s:.0f} s of "
+            f"{result.budget_s:.0f} s; rounds estimated/actual: {actuals or 'none'}; time to val loss {target:g}: "
+            f"baseline {_times_words(wb.baseline_runs(), target)} → best {_times_words(wb.best_runs(), target)}.",
+            decision="stop", who=WHO, reasoning={"elapsed_s": round(result.elapsed_s, 1), "budget_s": result.budget_s,
                                                  "target_val_loss": target, "time_ratio": result.speedup})
-    return result
 
 
 def _times_words(runs: list[RunRecord], target: float) -> str:
@@ -257,72 +337,91 @@ def _times_words(runs: list[RunRecord], target: float) -> str:
     return seed_times_text([time_to_target(r, target) for r in runs])
 
 
-def _screen(wb: Workbook, arms: list[Candidate], best_cfg: Config, t_best: float, best: list[RunRecord],
-            bracket: int, cap: float, eta: int, target: float, progress: bool, overheads: list[float],
-            log: Callable[[str], None], left_s: Callable[[], float], round_s: float) -> list[Candidate]:
-    """Rung 1, a race: each arm once, capped at `cap` or at the fastest time to `target` so far × CAP_MARGIN,
-    while a round (`round_s` seconds) still fits in the budget (`left_s()` seconds) after it; returns the promoted
-    arms, fastest first. One ledger note per arm (promoted/dropped, or "not screened" when the budget left it
-    out) with its numbers."""
+@dataclass
+class _Screened:
+    """One arm's screening run: seconds to the target (None: not reached by its cap), or why it failed, and its
+    last validation pass (val loss, wall seconds) with the best's val loss at that wall time."""
+    arm: Candidate
+    moved: dict[str, tuple]  # {key: (best's value, arm's value)}
+    cap: float  # seconds
+    folder: Path
+    time_s: float | None = None  # seconds to the target
+    failure: str = ""
+    last_loss: float | None = None  # nats/token
+    last_eval_s: float | None = None
+    best_loss_then: float | None = None  # the best's val loss at last_eval_s
+
+
+def _screen(ctx: _Search, plan: _Plan) -> list[Candidate]:
+    """Rung 1, a race: each arm once, capped at the bracket's cap or at the fastest time to the target so far ×
+    CAP_MARGIN, while a round still fits in the budget after it; returns the promoted arms, fastest first. One
+    ledger note per arm (promoted/dropped, or "not screened" when the budget left it out) with its numbers."""
     scored, fastest = [], None
-    for k, arm in enumerate(arms, 1):
-        arm_cap = cap if fastest is None else min(cap, fastest * CAP_MARGIN)
-        left = left_s()
-        cand, moved = wb.candidate(arm.name, arm.changes, TIME_TO_TARGET)
-        if left < round_s + (arm_cap + max([DEFAULT_OVERHEAD_S, *overheads])) * BUDGET_MARGIN:
-            wb.note(arm.name, f"not screened in bracket {bracket}: {left:.0f} s left, and a round must still fit "
-                    f"after a run capped at {arm_cap:.1f} s. Tried again if the workbook continues.", moved,
-                    decision="not screened", who=WHO, reasoning={"bracket": bracket, "budget_left_s": round(left, 1),
-                                                                 "screen_cap_s": round(arm_cap, 2)})
-            log(f"screen {arm.name}: not screened (budget)")
+    for k, arm in enumerate(plan.arms, 1):
+        arm_cap = plan.cap if fastest is None else min(plan.cap, fastest * CAP_MARGIN)
+        left = ctx.left_s()
+        cand, moved = ctx.wb.candidate(arm.name, arm.changes, TIME_TO_TARGET)
+        if left < plan.round_s + (arm_cap + max([DEFAULT_OVERHEAD_S, *ctx.overheads])) * BUDGET_MARGIN:
+            ctx.wb.note(arm.name, f"not screened in bracket {plan.index}: {left:.0f} s left, and a round must still "
+                        f"fit after a run capped at {arm_cap:.1f} s. Tried again if the workbook continues.", moved,
+                        decision="not screened", who=WHO,
+                        reasoning={"bracket": plan.index, "budget_left_s": round(left, 1),
+                                   "screen_cap_s": round(arm_cap, 2)})
+            ctx.log(f"screen {arm.name}: not screened (budget)")
             continue
-        run_cfg = ttq_arms(cand, best_cfg, target, arm_cap)[0]
-        folder = wb.path / "screens" / f"{bracket:02d}_{k:02d}_{arm.name}"
-        t = time.monotonic()
-        try:
-            run = launch(run_cfg, folder, progress=progress, desc=f"screen {bracket}.{k} {arm.name}")
-        except RuntimeError as exc:
-            run = None
-            status = f"left no record ({str(exc).splitlines()[0]})"
-        if run is not None:
-            overheads.append(max(0.0, time.monotonic() - t - _run_wall_s(run)))
-            status = run.status if run.status != "ok" else ""
-        if status or not eval_curve(run)[1].size:
-            scored.append((arm, moved, arm_cap, None, None, None, f"ended {status or 'without a validation pass'}",
-                           folder))
-            continue
-        _, losses, seconds = eval_curve(run)
-        reached = time_to_target(run, target)
-        if reached is not None:
-            fastest = reached if fastest is None else min(fastest, reached)
-        # the best's own val loss at the wall time of the arm's last validation pass: how far along it was
-        scored.append((arm, moved, arm_cap, reached, float(losses[-1]),
-                       (float(seconds[-1]), loss_at_time(best, float(seconds[-1]))), "", folder))
-    ranked = sorted([s for s in scored if s[3] is not None], key=lambda s: s[3])
-    n = len(scored)
-    top = [s for s in ranked[:max(1, math.ceil(n / eta))] if s[3] < t_best]
-    for arm, moved, arm_cap, reached, loss, (at, bar), failure, folder in [(*s[:5], s[5] or (None, None), *s[6:])
-                                                                            for s in scored]:
-        rank = next((i for i, s in enumerate(ranked, 1) if s[0] is arm), None)
-        got = ("did not reach it by its cap" if reached is None else f"reached it in {reached:.1f} s") \
-            if not failure else failure
-        decision = "promoted" if any(s[0] is arm for s in top) else "dropped"
-        changes = ", ".join(f"{k}={v}" for k, v in arm.changes.items())
-        why = (f"Screened in bracket {bracket}, capped at {arm_cap:.1f} s (the best's {t_best:.1f} s or the "
-               f"fastest arm so far, ×{CAP_MARGIN}): {arm.name} ({changes}) because {arm.why}. Val loss {target:g}: {got}"
-               + (f"; val loss {loss:.4f} at its last validation pass ({at:.1f} s) vs the best's {bar:.4f} at that "
-                  f"wall time" if loss is not None else "")
-               + (f"; rank {rank} of the {len(ranked)} that reached it" if rank else "")
-               + f" → {decision} (the top ⌈{n}/{eta}⌉ by seconds to target that beat the best's {t_best:.1f} s "
-               f"go to rounds).")
-        wb.note(arm.name, why, moved, decision=decision, who=WHO,
-                reasoning={"bracket": bracket, "family": arm.family, "screen_cap_s": round(arm_cap, 2),
-                           "run": Path(folder).relative_to(wb.path).as_posix(), "time_to_target_s": reached,
-                           "reached": reached is not None, "last_eval_s": at, "val_loss_at_last_eval": loss,
-                           "best_val_loss_then": bar, "best_time_s": round(t_best, 2),
-                           "rank": rank, "failure": failure or None})
-        log(f"screen {arm.name}: {got} → {decision}")
-    return [s[0] for s in top]
+        scored.append(_screen_arm(ctx, plan, k, arm, cand, moved, arm_cap))
+        if scored[-1].time_s is not None:
+            fastest = scored[-1].time_s if fastest is None else min(fastest, scored[-1].time_s)
+    ranked = sorted([s for s in scored if s.time_s is not None], key=lambda s: s.time_s)
+    top = [s for s in ranked[:max(1, math.ceil(len(scored) / ctx.eta))] if s.time_s < plan.t_best]
+    for s in scored:
+        rank = next((i for i, r in enumerate(ranked, 1) if r.arm is s.arm), None)
+        decision = "promoted" if any(p.arm is s.arm for p in top) else "dropped"
+        _note_screened(ctx, plan, s, rank, len(ranked), len(scored), decision)
+    return [s.arm for s in top]
+
+
+def _screen_arm(ctx: _Search, plan: _Plan, k: int, arm: Candidate, cand: Config, moved: dict,
+                cap: float) -> _Screened:
+    """Train arm `k` once (the best's seed) until it reaches the target or `cap` seconds of wall time."""
+    run_cfg = ttq_arms(cand, plan.best_cfg, ctx.target, cap)[0]
+    folder = ctx.wb.path / "screens" / f"{plan.index:02d}_{k:02d}_{arm.name}"
+    t = time.monotonic()
+    try:
+        run = launch(run_cfg, folder, progress=ctx.progress, desc=f"screen {plan.index}.{k} {arm.name}")
+    except RuntimeError as exc:
+        return _Screened(arm, moved, cap, folder, failure=f"ended left no record ({str(exc).splitlines()[0]})")
+    ctx.overheads.append(max(0.0, time.monotonic() - t - _run_wall_s(run)))
+    status = run.status if run.status != "ok" else ""
+    if status or not eval_curve(run)[1].size:
+        return _Screened(arm, moved, cap, folder, failure=f"ended {status or 'without a validation pass'}")
+    _, losses, seconds = eval_curve(run)
+    # the best's own val loss at the wall time of the arm's last validation pass: how far along it was
+    return _Screened(arm, moved, cap, folder, time_s=time_to_target(run, ctx.target), last_loss=float(losses[-1]),
+                     last_eval_s=float(seconds[-1]), best_loss_then=loss_at_time(plan.best, float(seconds[-1])))
+
+
+def _note_screened(ctx: _Search, plan: _Plan, s: _Screened, rank: int | None, reached_count: int, n: int,
+                   decision: str) -> None:
+    """A screened arm's note: its time to the target (or why none), its rank among the `reached_count` arms that
+    reached it, of `n` screened, and the decision."""
+    got = s.failure or ("did not reach it by its cap" if s.time_s is None else f"reached it in {s.time_s:.1f} s")
+    changes = ", ".join(f"{k}={v}" for k, v in s.arm.changes.items())
+    why = (f"Screened in bracket {plan.index}, capped at {s.cap:.1f} s (the best's {plan.t_best:.1f} s or the "
+           f"fastest arm so far, ×{CAP_MARGIN}): {s.arm.name} ({changes}) because {s.arm.why}. Val loss "
+           f"{ctx.target:g}: {got}"
+           + (f"; val loss {s.last_loss:.4f} at its last validation pass ({s.last_eval_s:.1f} s) vs the best's "
+              f"{s.best_loss_then:.4f} at that wall time" if s.last_loss is not None else "")
+           + (f"; rank {rank} of the {reached_count} that reached it" if rank else "")
+           + f" → {decision} (the top ⌈{n}/{ctx.eta}⌉ by seconds to target that beat the best's "
+           f"{plan.t_best:.1f} s go to rounds).")
+    ctx.wb.note(s.arm.name, why, s.moved, decision=decision, who=WHO,
+                reasoning={"bracket": plan.index, "family": s.arm.family, "screen_cap_s": round(s.cap, 2),
+                           "run": s.folder.relative_to(ctx.wb.path).as_posix(), "time_to_target_s": s.time_s,
+                           "reached": s.time_s is not None, "last_eval_s": s.last_eval_s,
+                           "val_loss_at_last_eval": s.last_loss, "best_val_loss_then": s.best_loss_then,
+                           "best_time_s": round(plan.t_best, 2), "rank": rank, "failure": s.failure or None})
+    ctx.log(f"screen {s.arm.name}: {got} → {decision}")
 
 
 __all__ = ["CAP_MARGIN", "autotune_time_to_target", "best_time", "loss_at_time", "recipe_arms", "recipe_changes",
