@@ -161,9 +161,11 @@ def test_read_only_output_folder_is_one_line_before_training(tmp_path, small_cor
 @pytest.fixture(scope="module")
 def pinned(tmp_path_factory, small_corpus):
     """A workbook with its baseline pinned (two tiny runs); tests work on copies."""
-    cfg = from_dict({"model": {"preset": "tiny"}, "data": {"corpus": [str(small_corpus)]}, "batch_size": 8,
-                     "steps": 12, "warmup": 0, "eval_every": 0, "eval_batches": 2, "steady_after": 3,
-                     "threads": 1})
+    # shuffle_buffer 1: a slow-storage candidate's first batch waits for one sample, not for the 4096-sample
+    # shuffle buffer (or all its samples) to fill
+    cfg = from_dict({"model": {"preset": "tiny"}, "data": {"corpus": [str(small_corpus)], "shuffle_buffer": 1},
+                     "batch_size": 8, "steps": 12, "warmup": 0, "eval_every": 0, "eval_batches": 2,
+                     "steady_after": 3, "threads": 1})
     wb = Workbook.create(tmp_path_factory.mktemp("pinned") / "book", cfg, repeats=2)
     wb.baseline(progress=False)
     return wb

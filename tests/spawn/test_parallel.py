@@ -100,6 +100,7 @@ def load_json_rows(path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("notebooks")
 def test_notebook_runs_and_fusion_is_a_real_round(notebooks_run):
     """Notebook 10 as a user runs it (the shared run of every notebook with its defaults, tiny preset)."""
     import json
