@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -42,9 +43,10 @@ class TrainError(RuntimeError):
     """A run that cannot start on this device/config, or a Trainer called out of its phase; one actionable line."""
 
 
-def configure_mindspore(cfg: Config, graph_key: str = "") -> None:
+def configure_mindspore(cfg: Config, graph_key: str = "") -> str:
     """Device, mode, seed, threads and compile cache (one folder per config and `graph_key`, see
-    startup.compile_cache_dir); must run before any Cell is built."""
+    startup.compile_cache_dir); must run before any Cell is built. Returns why the compile cache stays off
+    although the config asks for it ("" when it does not)."""
     import mindspore as ms
     try:
         ms.set_device(cfg.device_target)
@@ -52,7 +54,8 @@ def configure_mindspore(cfg: Config, graph_key: str = "") -> None:
         raise TrainError(f"device_target={cfg.device_target} is not available here ({str(exc).splitlines()[0]}); "
                          f"use device_target=CPU on this machine") from None
     ms.set_context(mode=ms.GRAPH_MODE if cfg.mode == "graph" else ms.PYNATIVE_MODE)
-    if cfg.compile_cache:
+    cache_off = _no_entry_script() if cfg.compile_cache else ""
+    if cfg.compile_cache and not cache_off:
         cache = compile_cache_dir(cfg, graph_key)
         cache.mkdir(parents=True, exist_ok=True)
         ms.set_context(enable_compile_cache=True, compile_cache_path=str(cache))
@@ -61,6 +64,17 @@ def configure_mindspore(cfg: Config, graph_key: str = "") -> None:
     if cfg.memory_optimize != "O0":  # Ascend only (config refuses it elsewhere); before the memory pool is made
         ms.runtime.set_memory(optimize_level=cfg.memory_optimize)
     reseed(cfg)
+    return cache_off
+
+
+def _no_entry_script() -> str:
+    """Why MindSpore's compile cache cannot work in this process ("" when it can): it reads the entry script
+    (sys.argv[0]) as a dependency of the graph, and compiling fails when that is no file (python -c, a REPL)."""
+    script = sys.argv[0] if sys.argv else ""
+    if script and os.path.isfile(script):
+        return ""
+    return (f"compile cache off: this process has no entry script file (sys.argv[0] = {script!r}), which "
+            f"MindSpore's cache reads; run from a script, a notebook or `python -m helpers` to use it")
 
 
 _threads_set: list[int] = []  # MindSpore takes op threads once per process: the value it took here
@@ -255,7 +269,9 @@ class Trainer:
         if self.turns.shares_process:  # process-wide settings are made (they are equal for both arms): reseed only
             reseed(self.cfg)
         else:
-            configure_mindspore(self.cfg, graph_key)
+            cache_off = configure_mindspore(self.cfg, graph_key)
+            if cache_off:
+                self.extra_summary["compile_cache_off"] = cache_off
         if self.rank is not None:
             self.rank.join(self.cfg)
 

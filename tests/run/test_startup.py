@@ -2,11 +2,15 @@
 cold one, and a cache filled by another config is never loaded (MindSpore's own cache would: it keys on files)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from helpers.record import load_run
 from helpers.run import kernels
-from tests.conftest import run_cli, tiny_args
+from tests.conftest import REPO, run_cli, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -63,3 +67,20 @@ def test_fixed_cost_phases_are_in_the_summary(tmp_path, small_corpus):
     assert cost["total"] == pytest.approx(sum(v for k, v in cost.items() if k != "total"), abs=0.01)
     # which kernels model.kernels=auto (the default) ran with
     assert summary["kernels"] == ("native" if kernels.library_problem() == "" else "mindspore")
+
+
+def test_a_run_in_a_process_without_an_entry_script_trains_with_the_cache_off_and_says_why(tmp_path, small_corpus):
+    """MindSpore's compile cache reads sys.argv[0] as a dependency of the graph: under `python -c` (or a pytest-xdist
+    worker) that is no file, and compiling failed with FileNotFoundError '<cwd>/-c'."""
+    code = ("import sys\nfrom helpers.run.train import Trainer\nfrom helpers.tune.study import base_config\n"
+            "cfg = base_config('tiny', 4, sys.argv[1], {'eval_every': 0, 'eval_batches': 2, 'steady_after': 2,"
+            " 'compile_cache_path': sys.argv[3]})\n"
+            "Trainer(cfg, sys.argv[2]).run()\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(small_corpus), str(tmp_path / "run"),
+                           str(tmp_path / "cache")], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env=dict(os.environ, GLOG_v="3", PYTHONPATH=str(REPO)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = load_run(tmp_path / "run").summary
+    assert summary["status"] == "ok" and summary["compile_cache_off"].startswith(
+        "compile cache off: this process has no entry script file (sys.argv[0] = '-c')")
+    assert not (tmp_path / "cache").exists()
