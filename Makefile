@@ -7,7 +7,7 @@ PARAMS ?=
 JS_DIR := $(VENV)/share/workbook-js
 JS_STAMP := $(JS_DIR)/.installed
 
-.PHONY: workbook test bench clean chromium npm kernels
+.PHONY: workbook test test-fast bench clean chromium npm kernels
 
 # Native CPU kernels (MindSpore AOT custom ops, model.kernels=native|auto). x86-64-v3 = AVX2+FMA: vectorised on
 # any x86 CPU from about 2015 on, without tying the library to this machine's CPU as -march=native would.
@@ -63,6 +63,11 @@ bench: $(STAMP) kernels
 
 test: $(STAMP) npm $(JS_STAMP) chromium kernels
 	$(BIN)/python -m pytest -q
+
+# The inner loop: the tests not marked slow (no rounds, no notebook runs; about a minute on two workers). CI runs
+# `make test`.
+test-fast: $(STAMP) kernels
+	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) reports runs native/build

@@ -91,22 +91,69 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped in CI, where it must run ({CI_REQUIRED}): {reason}"
 
 
+def shared_dir(tmp_path_factory) -> Path:
+    """A folder every pytest-xdist worker of this session sees (the base temp folder without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+# The notebooks in two parts that share no folder, so two pytest-xdist workers can run them at once: 10 keeps its
+# own runs (../runs/10_data_parallel); every other notebook works on the default workbook, in order.
+NOTEBOOK_PARTS = {"workbook": lambda stem: stem != "10_data_parallel",
+                  "data_parallel": lambda stem: stem == "10_data_parallel"}
+
+
 @pytest.fixture(scope="session")
 def notebooks_run(tmp_path_factory):
     """Every notebook executed once as a user opens them: a copy of notebooks/ as the working directory, every
     default as written (relative folders included), only the model preset and step count made small. Returns
     (root, failures): root/notebooks/out_<name>.ipynb are the executed copies, root/workbooks and root/runs what
-    the defaults wrote; failures maps a notebook to its last error line. Shared by the tests that read its output."""
+    the defaults wrote; failures maps a notebook to its last error line. Shared by the tests that read its output,
+    across pytest-xdist workers too (`_notebooks_part`)."""
+    root, failures = None, {}
+    for part in NOTEBOOK_PARTS:
+        root, failed = _notebooks_part(tmp_path_factory, part)
+        failures.update(failed)
+    return root, failures
+
+
+@pytest.fixture(scope="session")
+def data_parallel_notebook(tmp_path_factory):
+    """(root, failures) as `notebooks_run`, of notebook 10 alone."""
+    return _notebooks_part(tmp_path_factory, "data_parallel")
+
+
+def _notebooks_part(tmp_path_factory, part: str) -> tuple[Path, dict[str, str]]:
+    """Run the notebooks of NOTEBOOK_PARTS[part] once per test session: the first worker to ask runs them
+    (minutes), another that asks meanwhile waits on the lock, then reads what it wrote."""
+    import fcntl
+    import json
     import shutil
 
+    from helpers.book.notebooks import NOTEBOOKS_DIR
+    shared = shared_dir(tmp_path_factory)
+    root, done = shared / "notebooks_run", shared / f"notebooks_{part}.json"
+    with open(shared / f"notebooks_{part}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            with open(shared / "notebooks_copy.lock", "w") as copy_lock:
+                fcntl.flock(copy_lock, fcntl.LOCK_EX)
+                if not (root / "notebooks").is_dir():
+                    shutil.copytree(NOTEBOOKS_DIR, root / "notebooks",
+                                    ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+            done.write_text(json.dumps(_run_notebooks(root / "notebooks", NOTEBOOK_PARTS[part])))
+    return root, json.loads(done.read_text())
+
+
+def _run_notebooks(books: Path, wanted) -> dict[str, str]:
+    """Execute the notebooks in `books` whose stem `wanted` accepts, in order; {stem: last error line}."""
     import papermill as pm
 
-    from helpers.book.notebooks import NOTEBOOKS_DIR, discover, notebook_parameters
-    root = tmp_path_factory.mktemp("user")
-    books = root / "notebooks"
-    shutil.copytree(NOTEBOOKS_DIR, books, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    from helpers.book.notebooks import discover, notebook_parameters
     failures = {}
     for path in discover(books):
+        if not wanted(path.stem):
+            continue
         declared = notebook_parameters(path)
         params = {k: v for k, v in {"preset": "tiny", "steps": 12}.items() if k in declared}
         try:
@@ -114,7 +161,7 @@ def notebooks_run(tmp_path_factory):
                                 progress_bar=False, kernel_name="python3")
         except Exception as exc:  # every notebook is tried; all failures are reported together
             failures[path.stem] = str(exc).strip().splitlines()[-1][:300]
-    return root, failures
+    return failures
 
 
 class FakeBar:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import enum
 import os
-import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -68,13 +67,15 @@ def configure_mindspore(cfg: Config, graph_key: str = "") -> str:
 
 
 def _no_entry_script() -> str:
-    """Why MindSpore's compile cache cannot work in this process ("" when it can): it reads the entry script
-    (sys.argv[0]) as a dependency of the graph, and compiling fails when that is no file (python -c, a REPL)."""
-    script = sys.argv[0] if sys.argv else ""
-    if script and os.path.isfile(script):
+    """Why MindSpore's compile cache cannot work in this process ("" when it can): it reads its entry script (the
+    sys.argv[0] it saw when it was imported) as a dependency of the graph, and compiling fails when that is no
+    file (python -c, a REPL)."""
+    from mindspore.graph import api
+    script = getattr(api, "entry_script_path", None)  # None: no script at all, which MindSpore skips with a warning
+    if not script or os.path.isfile(script):
         return ""
-    return (f"compile cache off: this process has no entry script file (sys.argv[0] = {script!r}), which "
-            f"MindSpore's cache reads; run from a script, a notebook or `python -m helpers` to use it")
+    return (f"compile cache off: this process has no entry script file ({script!r} when MindSpore was imported), "
+            f"which MindSpore's cache reads; run from a script, a notebook or `python -m helpers` to use it")
 
 
 _threads_set: list[int] = []  # MindSpore takes op threads once per process: the value it took here

@@ -217,7 +217,6 @@ def test_workbook_run_writes_a_report(tmp_path, small_corpus):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("notebooks")
 def test_every_notebook_runs_from_its_folder_with_its_own_defaults(notebooks_run):
     """As a user opens them: cwd = the notebooks' folder, every default as written (relative folders included);
     only the model preset and step count are made small (issue 14.1: 12 of 14 notebooks failed like this)."""

@@ -100,13 +100,12 @@ def load_json_rows(path):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("notebooks")
-def test_notebook_runs_and_fusion_is_a_real_round(notebooks_run):
+def test_notebook_runs_and_fusion_is_a_real_round(data_parallel_notebook):
     """Notebook 10 as a user runs it (the shared run of every notebook with its defaults, tiny preset)."""
     import json
     import nbformat
     from helpers.tune.rounds import Workbook
-    root, failures = notebooks_run
+    root, failures = data_parallel_notebook
     assert "10_data_parallel" not in failures, failures
     runs = root / "runs" / "10_data_parallel"
     assert load_run(runs / "dp2_unfused").summary["allreduce_calls_per_step"] == 28.0  # one per gradient tensor

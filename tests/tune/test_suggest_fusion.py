@@ -64,7 +64,6 @@ def test_op_table_shift_shows_strided_slices_vanish(tmp_path, small_corpus):
     assert isinstance(op_shift_plot(shift.reset_index()), Figure)
 
 
-@pytest.mark.xdist_group("notebooks")
 def test_fusion_notebook_shows_the_op_shift_next_to_tokens_per_s(notebooks_run):
     """Notebook 12 as a user runs it (the shared run of every notebook with its defaults: the native-kernels
     round, its two arm processes taking turns, each arm profiled in its own warm-up): the round's verdict in
