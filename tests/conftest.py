@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -126,23 +128,29 @@ def data_parallel_notebook(tmp_path_factory):
 def _notebooks_part(tmp_path_factory, part: str) -> tuple[Path, dict[str, str]]:
     """Run the notebooks of NOTEBOOK_PARTS[part] once per test session: the first worker to ask runs them
     (minutes), another that asks meanwhile waits on the lock, then reads what it wrote."""
-    import fcntl
     import json
     import shutil
 
     from helpers.book.notebooks import NOTEBOOKS_DIR
     shared = shared_dir(tmp_path_factory)
     root, done = shared / "notebooks_run", shared / f"notebooks_{part}.json"
-    with open(shared / f"notebooks_{part}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked(shared / f"notebooks_{part}.lock"):
         if not done.is_file():
-            with open(shared / "notebooks_copy.lock", "w") as copy_lock:
-                fcntl.flock(copy_lock, fcntl.LOCK_EX)
+            with _locked(shared / "notebooks_copy.lock"):
                 if not (root / "notebooks").is_dir():
                     shutil.copytree(NOTEBOOKS_DIR, root / "notebooks",
                                     ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
             done.write_text(json.dumps(_run_notebooks(root / "notebooks", NOTEBOOK_PARTS[part])))
     return root, json.loads(done.read_text())
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created) against the other pytest-xdist workers."""
+    import fcntl
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _run_notebooks(books: Path, wanted) -> dict[str, str]:
