@@ -77,8 +77,9 @@ def test_a_round_arms_compile_step_lets_its_pipeline_read_only_the_batch_it_asks
     trainer = Trainer(cfg, tmp_path / "arm", turns=Turns(gate))
     trainer.start()
     trainer.step_block(1)  # the compile step
-    # the batch asked for, and what the workers had in flight when the gate closed (16 batches ahead before)
-    assert len(reads) <= 3 * cfg.batch_size, (len(reads), cfg.batch_size)
+    # the batch asked for, and what the workers cut while next() handed it over (3 batches quiet, 4 on a loaded CI
+    # machine); left open through the compile, the pipeline read all 16 prefetched batches ahead
+    assert len(reads) <= 8 * cfg.batch_size, (len(reads), cfg.batch_size)
     trainer.step_block(3)
     assert len(reads) > 4 * cfg.batch_size  # after it, the pipeline reads ahead while the arm steps
     trainer.finish()
