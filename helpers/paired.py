@@ -143,10 +143,13 @@ class SpeedPlan:
 # The default plan: 8 steps per arm per pair (a nano step is ~70–90 ms when two arms take turns, so a pair is
 # ~1.4 s), the two arms' steps woven one by one (interleave "steps"): a slow stretch of the machine that starts
 # mid-pair then lands on both arms alike (back-to-back blocks measured ~3× the per-pair spread here). The spread of
-# one pair's log ratio, every step counted, was 2.2–5.4% (A/A rounds on nano, this 2-core machine); so the first
-# look at 12 pairs (α 0.2%) resolves about ±5%, 20 pairs (0.4%) ~±2.7%, and the last look at 28 (0.4%) ~±2.2%
-# — about 40 s of a nano round's steps — where an A/A ends unless its interval lies inside ±2.5% at 20 (futility).
-PROCESS_PLAN = SpeedPlan(looks=(12, 20, 28), alphas=(0.002, 0.004, 0.004), interleave="steps", futility=0.025)
+# one pair's log ratio, every step counted, was 2.2–5.4% (A/A rounds on nano, this 2-core machine); so an early
+# look at 6 pairs (α 0.1%: t ≈ 6.9 with 5 dof) resolves only large changes, about ±10–20%, and ends a round whose
+# answer is plain in half the steps; 12 pairs (0.2%) resolve about ±5%, 20 pairs (0.3%) ~±2.8%, and the last look
+# at 28 (0.4%) ~±2.2% — about 40 s of a nano round's steps — where an A/A ends unless its interval lies inside
+# ±2.5% earlier (futility).
+PROCESS_PLAN = SpeedPlan(looks=(6, 12, 20, 28), alphas=(0.001, 0.002, 0.003, 0.004), interleave="steps",
+                         futility=0.025)
 # Data parallel paired rounds: every rank runs the last look's pairs (helpers/spawn/dp_worker.py; a stop taken
 # from one rank's times could leave the other in an all-reduce), so one look at 8 pairs spends the whole 1%, in
 # blocks of 4 steps: a DP step is ~100 ms here, and 8-step blocks cost every launch ~6 s more. Shorter blocks

@@ -231,3 +231,19 @@ def test_measurement_from_a_paired_file():
     m = Measurement.from_raw(raw)
     assert m.tokens == (5, 6) and m.pairs == [([1.0, 2.0], [3.0, 4.0])] and m.foreign_cores == [0.2]
     assert len(m.head(0)) == 0
+
+
+def test_a_large_change_ends_at_the_first_look_and_a_small_one_goes_on():
+    """The process plan's early look (6 pairs at 99.9%) decides a −20% change; a −3% change needs the later looks."""
+    rng = np.random.default_rng(3)
+    plan = paired.PROCESS_PLAN
+    k = plan.block_steps
+
+    def blocks_of(step_ms: float, n: int) -> list[list[float]]:
+        return [list(step_ms * (1 + 0.03 * rng.standard_normal(k))) for _ in range(n)]
+    big = Measurement(list(zip(blocks_of(80.0, plan.max_pairs), blocks_of(100.0, plan.max_pairs))), (1, 1))
+    out = conclude(big, plan)
+    assert (out.decision, out.look.pairs, out.look.alpha) == ("reject", plan.looks[0], 0.001)
+    assert should_stop(big.head(plan.looks[0]), plan)
+    small = Measurement(list(zip(blocks_of(100.0, plan.max_pairs), blocks_of(103.0, plan.max_pairs))), (1, 1))
+    assert not should_stop(small.head(plan.looks[0]), plan) and conclude(small, plan).look.pairs > plan.looks[0]

@@ -12,8 +12,8 @@ Cost of a round before it starts, from measured times (seconds), by the way the 
     paired (one process) or two processes stepping in turns: (overhead + 2 × compile_s + extra_s
                            + (warm-up + block_steps × pairs) × step_s × (1 + time_factor)) × BUDGET_MARGIN
 train_s is the best's measured training time (sum of its step times, compile included); compile_s and step_s its
-first-step and steady step times; pairs, for a paired round, the plan's second look (where a quiet machine
-decides; under load a round may go on to the last). overhead is what a run costs outside its steps (process
+first-step and steady step times; pairs, for a paired round, the plan's look before its last (where a quiet
+machine decides; under load a round may go on to the last). overhead is what a run costs outside its steps (process
 start, imports, data, evaluation), measured as the wall time of each baseline/round minus its runs' step times
 (the largest seen is used). time_factor/extra_s are each candidate's expected slow-down at worst (documented per
 candidate). The baseline always runs (nothing is measured before it); its time counts against the budget.
@@ -327,7 +327,7 @@ def estimate_s(cand: Candidate, best: list[RunRecord], best_cfg: Config, overhea
         return pairs * (ref + run) * BUDGET_MARGIN, (f"up to {pairs} pairs of separate runs: {pairs}×({ref:.0f} s "
                                                       f"reference + {run:.0f} s candidate)×{BUDGET_MARGIN}")
     plan = DP_PAIRED_PLAN if path == PAIRED else PROCESS_PLAN
-    pairs = plan.looks[min(1, len(plan.looks) - 1)]
+    pairs = plan.looks[max(0, len(plan.looks) - 2)]  # the look before the last: where most undecided rounds end
     steps = (best_cfg.steady_after if path == PAIRED else warmup_steps(best_cfg)) + plan.block_steps * pairs
     step_s = statistics.median(r.summary.get("step_time_ms") or 0.0 for r in best) / 1000.0
     compile_s = statistics.median(r.summary.get("compile_s") or 0.0 for r in best)

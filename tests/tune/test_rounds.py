@@ -14,7 +14,7 @@ import yaml
 from helpers.config import ConfigError, from_dict, load_config
 from helpers.record import load_run
 from helpers.tune.rounds import RoundError, Workbook
-from helpers.paired import Measurement, SpeedPlan, conclude
+from helpers.paired import PROCESS_PLAN, Measurement, SpeedPlan, conclude
 from helpers.tune.rules import judge, mean_loss_to_tokens, total_tokens
 from tests.conftest import REPO
 
@@ -76,8 +76,8 @@ def test_eager_group_round_is_rejected_as_slower_with_numbers(book):
     assert "every measured step" in r.verdict.rule and "2.0%" in r.verdict.rule
     assert "why: compute ×" in r.verdict.reason and r.verdict.parts["compute_ratio"] < 0.5
     # the execution mode is process-wide: two arm processes that take turns step by step, as many pairs as the
-    # looks needed
-    assert r.verdict.path == "processes" and r.verdict.pairs >= 8
+    # looks needed (a change this large ends at the first look unless the machine is loaded)
+    assert r.verdict.path == "processes" and r.verdict.pairs in PROCESS_PLAN.looks
     assert [p.name for p in r.candidate_runs] == ["candidate"] and [p.name for p in r.reference_runs] == ["reference"]
     speed = json.loads((r.rollback.parent / "speed.json").read_text())
     assert speed["path"] == "processes" and "process-wide" in speed["why"] and "taking turns" in speed["why"]
