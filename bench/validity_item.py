@@ -13,11 +13,14 @@ The effects (nano preset; the workbook's default config, `base_config`, unless s
 - data workers 1 → 2 on notebook 02's slow-storage demo (BPE on the fly, 10 ms per sample);
 - op threads 1 → 2.
 
-The true ratio of each effect with a change: one long measurement of TRUTH_STEPS steps per arm after the warm-up,
+The true ratio of each effect with a change: long measurements of TRUTH_STEPS steps per arm after the warm-up,
 the two arms' processes taking turns step by step (as a round's do: on this machine only that cancels the
-drift of its speed, which moved separate 200-step runs of one config by a CV of 4.6%), counted as the ratio of
-the arms' tokens ÷ the wall time of all their steps — no looks, no stop, no trimming, five times a round's longest
-measurement. Beside it, a cross-check free of taking turns: STANDALONE_PAIRS ABBA pairs of separate runs of
+drift of its speed, which moved separate 200-step runs of one config by a CV of 4.6%), each counted as the ratio
+of the arms' tokens ÷ the wall time of all their steps — no looks, no stop, no trimming, five times a round's
+longest measurement. One is taken before the first trial and another every TRUTH_EVERY trials, so that a truth
+spans the hours its trials span (one measurement of threads 1 → 2 read ×1.015 where its rounds and separate runs
+read ×1.04–×1.06: on this shared host a second op thread's worth drifts); the truth is their geometric mean, and
+the record keeps each. Beside it, a cross-check free of taking turns: STANDALONE_PAIRS ABBA pairs of separate runs of
 STANDALONE_STEPS steps (each run its own process), the ratio of the arms' mean tokens/s after the warm-up, with
 its 95% t interval over the pairs; its width shows what such runs can resolve here. The ballast widths are sized
 beforehand from one long measurement of a probe width (the cost taken as linear in width). Then `trials` rounds
@@ -49,6 +52,7 @@ from registry import GOAL, INVALID, MET, MISSED, MUST, NOT_MEASURED, Check, Item
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "bench" / "results" / "validity_work"
 TRUTH_STEPS = 400  # per arm, taking turns (50 pairs of 8)
+TRUTH_EVERY = 5  # trials between two truth measurements of an effect
 CALIBRATION_STEPS = 200
 STANDALONE_PAIRS, STANDALONE_STEPS = 6, 200
 INTERMITTENT_EVERY = 5
@@ -155,6 +159,29 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
+def truth_of(effect: dict) -> float:
+    """An effect's true ratio: the geometric mean of its truth measurements (1 for an A/A)."""
+    ratios = [t["ratio"] for t in effect.get("truths") or [effect["truth"]]]
+    return math.exp(statistics.fmean(math.log(r) for r in ratios))
+
+
+def _more_truths(work: Path, state: dict, i: int, log) -> None:
+    """Before trial `i` (a multiple of TRUTH_EVERY after 0): one more truth measurement of each effect with a
+    change, kept in its own folder (reused when there)."""
+    for name, e in state.items():
+        if name.startswith("_") or e["changes"] is None:
+            continue
+        e.setdefault("truths", [e["truth"]])
+        if len(e["truths"]) > i // TRUTH_EVERY:
+            continue
+        cfg = base_config("nano", e["steps"], changes=e["baseline_changes"])
+        got = _interleaved(cfg, with_changes(cfg, e["changes"]), work / "truth" / f"{_slug(name)}_{i}", TRUTH_STEPS)
+        e["truths"].append({**got, "before_trial": i})
+        log(f"  truth {name} before trial {i + 1}: ×{got['ratio']:.4f} (now ×{truth_of(e):.4f} over "
+            f"{len(e['truths'])})")
+    (work / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
+
+
 def _trial(wb: Workbook, name: str, effect: dict, i: int) -> dict:
     t0 = time.perf_counter()
     with LoadSampler() as load:
@@ -166,7 +193,7 @@ def _trial(wb: Workbook, name: str, effect: dict, i: int) -> dict:
             if r.decision == "keep":  # the next trial compares against the pinned baseline again
                 wb.rollback(0)
     low, high = v.interval or (None, None)
-    truth = effect["truth"]["ratio"]
+    truth = truth_of(effect)
     speed = _speed_file(wb, None if effect["changes"] is None else r)
     foreign = (speed or {}).get("foreign_cores") or []
     return {"effect": name, "trial": i, "decision": v.decision, "expected": effect["expected"], "ratio": v.speedup,
@@ -199,6 +226,8 @@ def item_validity(trials: int = 20, work: Path = WORK, log=print) -> dict:
         if done_file.is_file() else []
     have = {(t["effect"], t["trial"]) for t in done}
     for i in range(trials):
+        if i and i % TRUTH_EVERY == 0 and any((name, i) not in have for name in EFFECTS):
+            _more_truths(work, state, i, log)
         for name in EFFECTS:
             if (name, i) in have:
                 continue
@@ -207,7 +236,7 @@ def item_validity(trials: int = 20, work: Path = WORK, log=print) -> dict:
                 fh.write(json.dumps(t) + "\n")
             done.append(t)
             log(f"  {name} {i + 1}/{trials}: {t['decision']} ×{t['ratio'] or float('nan'):.4f} "
-                f"{'' if t['covered'] else 'NOT '}covering ×{state[name]['truth']['ratio']:.4f} "
+                f"{'' if t['covered'] else 'NOT '}covering ×{truth_of(state[name]):.4f} "
                 f"(±{100 * (t['half_width'] or 0):.1f}%, {t['pairs']} pairs, {t['wall_s']:.0f} s, load "
                 f"{t['load_1min']['max']:.1f})")
     trials_done = [t for t in done if t["trial"] < trials]
@@ -225,9 +254,13 @@ def _rates(done: list[dict], state: dict) -> dict:
             continue
         hw = [t["half_width"] for t in rows if t["half_width"] is not None]
         ratios = [t["ratio"] for t in rows if t["ratio"]]
-        out[name] = {"trials": len(rows), "truth": state[name]["truth"]["ratio"],
+        truth = truth_of(state[name])
+        out[name] = {"trials": len(rows), "truth": truth,
+                     "truths": [t["ratio"] for t in state[name].get("truths") or [state[name]["truth"]]],
                      "standalone": (state[name]["standalone"] or {}).get("interval95"),
-                     "covered": sum(t["covered"] for t in rows),
+                     # against the truth over every measurement (a trial recorded its coverage of the truth so far)
+                     "covered": sum(t["interval"] is not None and t["interval"][0] <= truth <= t["interval"][1]
+                                    for t in rows),
                      "as_expected": sum(t["decision"] == t["expected"] for t in rows),
                      "decisions": {d: sum(t["decision"] == d for t in rows)
                                    for d in ("keep", "reject", "no change", "failed")},
@@ -356,7 +389,9 @@ def rows(r: dict) -> list[tuple[str, str]]:
         decided = ", ".join(f"{d} {n}" for d, n in rate["decisions"].items() if n)
         cross = rate.get("standalone")
         cross = f"; separate runs ×{cross[0]:.3f}–×{cross[1]:.3f} (95%)" if cross else ""
-        out.append((f"validity, nano: {name} (true ×{rate['truth']:.4f}{cross})",
+        truths = rate.get("truths") or []
+        spread = f" over {len(truths)}: ×{min(truths):.3f}–×{max(truths):.3f}" if len(truths) > 1 else ""
+        out.append((f"validity, nano: {name} (true ×{rate['truth']:.4f}{spread}{cross})",
                     f"interval holds it {rate['covered']}/{rate['trials']}; {decided}; median ×"
                     f"{rate['ratio_median']:.4f}, ±{100 * (rate['half_width_median'] or 0):.1f}%, "
                     f"{rate['pairs_median']:.0f} pairs, {rate['wall_s_median']:.0f} s; "

@@ -118,3 +118,19 @@ def test_real_records_carry_provenance_and_the_tables_follow_the_files(tmp_path)
     one = table.generated(records, ITEMS)
     assert "| mfu | MFU tiny (" not in one and "| clock | recorded step time" in one
     assert f"| mfu | must | {table._cell(ITEMS['mfu'].checks[0].limit)} | not measured (no committed record) |" in one
+
+
+def test_validity_truth_is_the_geometric_mean_of_its_measurements_and_coverage_is_judged_against_it():
+    import validity_item as v
+    effect = {"truth": {"ratio": 1.015}, "truths": [{"ratio": 1.015}, {"ratio": 1.06}, {"ratio": 1.05}],
+              "standalone": None, "changes": {"threads": 2}}
+    assert v.truth_of(effect) == pytest.approx((1.015 * 1.06 * 1.05) ** (1 / 3))
+    assert v.truth_of({"truth": {"ratio": 1.0}}) == 1.0  # an A/A, or a state from before repeated truths
+    trial = {"effect": "threads 1→2", "decision": "keep", "expected": "keep", "ratio": 1.05, "half_width": 0.03,
+             "pairs": 20, "wall_s": 40.0, "load_1min": {"max": 2.0}, "foreign_cores_median": 0.01}
+    trials = [{**trial, "interval": [1.02, 1.08], "covered": False},  # recorded against the first truth alone
+              {**trial, "interval": [1.00, 1.03], "covered": True}, {**trial, "interval": None, "covered": False}]
+    rate = v._rates(trials, {name: {"truth": {"ratio": 1.0}, "standalone": None} for name in v.EFFECTS}
+                    | {"threads 1→2": effect})["threads 1→2"]
+    assert rate["covered"] == 1 and rate["truths"] == [1.015, 1.06, 1.05]
+    assert "over 3: ×1.015–×1.060" in v.rows({"rates": {"threads 1→2": rate}})[0][0]
