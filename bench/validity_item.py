@@ -159,10 +159,14 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
+def _truth_ratios(effect: dict) -> list[float]:
+    """Each truth measurement of an effect (a state from before repeated truths holds only the first)."""
+    return [t["ratio"] for t in effect.get("truths") or [effect["truth"]]]
+
+
 def truth_of(effect: dict) -> float:
     """An effect's true ratio: the geometric mean of its truth measurements (1 for an A/A)."""
-    ratios = [t["ratio"] for t in effect.get("truths") or [effect["truth"]]]
-    return math.exp(statistics.fmean(math.log(r) for r in ratios))
+    return math.exp(statistics.fmean(math.log(r) for r in _truth_ratios(effect)))
 
 
 def _more_truths(work: Path, state: dict, i: int, log) -> None:
@@ -256,7 +260,7 @@ def _rates(done: list[dict], state: dict) -> dict:
         ratios = [t["ratio"] for t in rows if t["ratio"]]
         truth = truth_of(state[name])
         out[name] = {"trials": len(rows), "truth": truth,
-                     "truths": [t["ratio"] for t in state[name].get("truths") or [state[name]["truth"]]],
+                     "truths": _truth_ratios(state[name]),
                      "standalone": (state[name]["standalone"] or {}).get("interval95"),
                      # against the truth over every measurement (a trial recorded its coverage of the truth so far)
                      "covered": sum(t["interval"] is not None and t["interval"][0] <= truth <= t["interval"][1]
