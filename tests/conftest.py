@@ -154,21 +154,28 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _run_notebooks(books: Path, wanted) -> dict[str, str]:
-    """Execute the notebooks in `books` whose stem `wanted` accepts, in order; {stem: last error line}."""
-    import papermill as pm
-
-    from helpers.book.notebooks import discover, notebook_parameters
-    failures = {}
-    for path in discover(books):
-        if not wanted(path.stem):
-            continue
-        declared = notebook_parameters(path)
-        params = {k: v for k, v in {"preset": "tiny", "steps": 12}.items() if k in declared}
+    """Execute the notebooks in `books` whose stem `wanted` accepts, in order, as `run_workbook` does (one shared
+    zygote, the next kernel started while a notebook runs); {stem: error line}."""
+    from helpers.book.notebooks import (close_warm, discover, execute, kernel_env, notebook_parameters,
+                                        start_kernel, stop_kernel)
+    from helpers.spawn import zygote
+    from helpers.spawn.runner import child_env
+    paths = [p for p in discover(books) if wanted(p.stem)]
+    failures, ready = {}, None
+    with zygote.shared(child_env()):
         try:
-            pm.execute_notebook(str(path), str(books / f"out_{path.name}"), parameters=params, cwd=str(books),
-                                progress_bar=False, kernel_name="python3")
-        except Exception as exc:  # every notebook is tried; all failures are reported together
-            failures[path.stem] = str(exc).strip().splitlines()[-1][:300]
+            ready = start_kernel("python3", books) if paths else None
+            for i, path in enumerate(paths):
+                declared = notebook_parameters(path)
+                params = {k: v for k, v in {"preset": "tiny", "steps": 12}.items() if k in declared}
+                km, ready = ready, (start_kernel("python3", books) if i + 1 < len(paths) else None)
+                close_warm(km)
+                with kernel_env():
+                    status, error = execute(path, books / f"out_{path.name}", params, km=km)
+                if status != "ok":  # every notebook is tried; all failures are reported together
+                    failures[path.stem] = error[:300]
+        finally:
+            stop_kernel(ready)
     return failures
 
 

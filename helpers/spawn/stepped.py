@@ -35,6 +35,7 @@ from helpers.paths import REPO_ROOT, absolute
 from helpers.record import RecordError, RunRecord, atomic_write_json, load_run
 from helpers.run.foreign import ForeignLoad
 from helpers.run.profile import window_steps, with_profiler
+from helpers.spawn import zygote
 from helpers.spawn.live import publish
 from helpers.spawn.runner import child_env
 from helpers.wire import PAIRED_FILE, ArmReady, FinishRequest, StepRequest, StepResult, decode, encode
@@ -59,10 +60,13 @@ class _Arm:
             self.request = Path(fh.name)
         cmd = [sys.executable, "-m", "helpers", "arm", "--config", str(self.request), "--out", str(self.run_dir),
                "--arm", name, "--connect", f"{address[0]}:{address[1]}", "--extra-steps", str(extra)]
-        with open(self.run_dir / "train.log", "ab") as log:
-            # a process group of its own, so that a freeze reaches its map workers too
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                         env=child_env(), cwd=REPO_ROOT, start_new_session=True)
+        # a process group of its own, so that a freeze reaches its map workers too; forked from the workbook's
+        # zygote where there is one (MindSpore already imported), else a fresh interpreter
+        self.proc = zygote.start_forked(cmd[3:], child_env(), self.run_dir / "train.log")
+        if self.proc is None:
+            with open(self.run_dir / "train.log", "ab") as log:
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                                             env=child_env(), cwd=REPO_ROOT, start_new_session=True)
         self.chan = None
 
     def send(self, message) -> None:

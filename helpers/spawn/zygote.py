@@ -207,6 +207,65 @@ class Zygote:
         self.errors.close()
 
 
+class Forked:
+    """A child that a shared zygote forked for `start_forked`: the pid, poll() and wait() of a subprocess.Popen
+    (what the arm code uses), its exit status coming over a connection of its own."""
+
+    def __init__(self, conn: Zygote, pid: int):
+        self.conn, self.pid, self.returncode = conn, pid, None
+
+    def poll(self) -> int | None:
+        """Its exit code if it has exited, else None."""
+        if self.returncode is None:
+            try:
+                self._ended(self.conn._recv(0.0, "exit", self.pid)["code"])
+            except ZygoteError:
+                if self.conn.gone:
+                    self._ended(1)  # the zygote went away: the child's status is lost; its record says how it ended
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code, waiting up to `timeout` seconds (subprocess.TimeoutExpired after that)."""
+        if self.returncode is None:
+            try:
+                self._ended(self.conn._recv(timeout, "exit", self.pid)["code"])
+            except ZygoteError:
+                if not self.conn.gone:
+                    raise subprocess.TimeoutExpired(f"forked child {self.pid}", timeout or 0) from None
+                self._ended(1)
+        return self.returncode
+
+    def _ended(self, code: int) -> None:
+        self.returncode = code
+        self.conn.close()
+
+
+def start_forked(argv: list[str], env: dict, log_path: Path) -> Forked | None:
+    """Start `python -m helpers ARGV` as a child of the shared zygote (`shared`), in a session and process group of
+    its own, stdout to /dev/null and stderr appended to log_path, and return at once; None when no shared zygote
+    fits `env` (the caller then starts a fresh process). A speed round's arm started so skips ~3 s of interpreter
+    start and MindSpore import (fixed_cost_s start + import, measured here), both arms at once on 2 cores."""
+    path = os.environ.get(SOCKET_ENV)
+    if not enabled() or not path:
+        return None
+    try:
+        conn = Zygote.connect(path, env)
+    except OSError:
+        return None
+    try:
+        if not conn.fits(env):
+            conn.close()
+            return None
+        with open(os.devnull, "wb") as null, open(log_path, "ab") as log:
+            request = json.dumps({"argv": argv, "env": env, "cwd": str(REPO_ROOT), "session": True}).encode()
+            socket.send_fds(conn.sock, [request], [null.fileno(), log.fileno()])
+        return Forked(conn, conn._recv(REPLY_TIMEOUT_S, "pid")["pid"])
+    except (OSError, ZygoteError) as exc:
+        conn.close()
+        _note(log_path, f"started as a fresh process: {exc}")
+        return None
+
+
 def _note(log_path: Path, text: str) -> None:
     """One `note:` line in the run's train.log."""
     with open(log_path, "a", encoding="utf-8") as log:
@@ -378,6 +437,8 @@ def _child(socks: list[socket.socket], fds: list[int], request: dict, run: Calla
         for sock in socks:
             sock.close()
         out, log = fds
+        if request.get("session"):
+            os.setsid()  # a process group of its own: the caller freezes it, its map workers included
         os.dup2(out, 1)
         os.dup2(log, 2)
         os.close(out)

@@ -80,3 +80,18 @@ def test_an_arm_that_cannot_be_built_fails_the_round_and_stops_the_other(tmp_pat
     # the reference stops where it is: told so, or (not yet built when the other failed) by its closed socket; a
     # reference killed before it could say it was built reads as interrupted
     assert reference.status in ("stopped", "interrupted") and reference.metrics == []
+
+
+@pytest.mark.slow
+def test_under_a_shared_zygote_the_arms_are_forked_from_it_in_groups_of_their_own(tmp_path, small_corpus):
+    from helpers.spawn import zygote
+    from helpers.spawn.runner import child_env
+    cfg = _tiny(small_corpus)
+    with zygote.shared(child_env()):
+        reference, candidate, out, error = launch_stepped(cfg, cfg, tmp_path / "aa", PLAN, lambda m: len(m) == 2,
+                                                          progress=False)
+    assert error == "" and out["status"] == "ok" and len(out["pairs"]) == 2  # frozen and woken, pair after pair
+    for record in (reference, candidate):
+        assert record.status == "ok" and len(record.metrics) == 10
+        assert record.summary["process_start"] == "forked"
+        assert record.summary["fixed_cost_s"]["import"] < 0.5  # MindSpore came imported (fresh: ~3 s here)
