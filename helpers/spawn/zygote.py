@@ -384,6 +384,7 @@ def serve(fd: int, run: Callable[[list[str]], int], listen_fd: int | None = None
     owner.send(hello)
     conns = [owner]
     children: dict[int, socket.socket] = {}
+    sessions: set[int] = set()  # children in sessions of their own (start_forked)
     while True:
         waiting = conns + ([listener] if listener is not None else [])
         ready, _, _ = select.select(waiting, [], [], 0.05 if children else None)
@@ -406,19 +407,34 @@ def serve(fd: int, run: Callable[[list[str]], int], listen_fd: int | None = None
                     return 0  # the process that started it went away
                 conns.remove(sock)
                 sock.close()
+                # a session child (a round's arm, frozen between its steps) dies with the process that asked for
+                # it, as a fresh one does by PR_SET_PDEATHSIG: nobody else would ever wake it
+                for pid in [p for p, s in children.items() if s is sock and p in sessions]:
+                    _kill_group(pid)
                 continue
+            request = json.loads(msg)
             pid = os.fork()
             if pid == 0:
-                _child([*conns, *([listener] if listener is not None else [])], fds, json.loads(msg), run)
+                _child([*conns, *([listener] if listener is not None else [])], fds, request, run)
             for f in fds:
                 os.close(f)
             children[pid] = sock
+            if request.get("session"):
+                sessions.add(pid)
             _send(sock, {"pid": pid})
         for pid, sock in list(children.items()):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 del children[pid]
+                sessions.discard(pid)
                 _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass  # already gone
 
 
 def _send(sock: socket.socket, message: dict) -> None:

@@ -97,3 +97,42 @@ def test_a_shared_zygote_serves_every_caller_until_an_import_variable_differs(tm
         zygote._current.close()
         zygote._current = None
     assert zygote.SOCKET_ENV not in os.environ and not path.exists()
+
+
+def test_a_forked_session_child_reports_its_exit_and_dies_with_its_caller(tmp_path, small_corpus, monkeypatch):
+    """`start_forked` (a round's arm): started at once, in a session of its own, its exit code over its own
+    connection; frozen and left by the process that asked for it, it is killed, not left waiting forever."""
+    import signal
+
+    from helpers import config
+    from helpers.wire import ArmReady, decode
+    monkeypatch.delenv(zygote.SWITCH_ENV, raising=False)
+    assert zygote.start_forked(["show", "x"], child_env(), tmp_path / "none.log") is None  # no shared zygote
+    with zygote.shared(child_env()):
+        shown = zygote.start_forked(["show", str(tmp_path / "missing")], child_env(), tmp_path / "show.log")
+        assert shown.wait(timeout=60) == 2 and shown.poll() == 2
+        assert (tmp_path / "show.log").read_text().startswith("error: ")
+        request = tmp_path / "arm.yaml"
+        request.write_text(config.dump(config.absolute_paths(_cfg(small_corpus))))
+        (tmp_path / "arm").mkdir()
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            host, port = server.getsockname()[:2]
+            arm = zygote.start_forked(["arm", "--config", str(request), "--out", str(tmp_path / "arm"), "--arm",
+                                       "reference", "--connect", f"{host}:{port}", "--extra-steps", "0"],
+                                      child_env(), tmp_path / "arm.log")
+            server.settimeout(120)
+            conn, _ = server.accept()
+            with conn, conn.makefile("r", encoding="utf-8") as chan:
+                assert isinstance(decode(chan.readline()), ArmReady)
+                assert os.getpgid(arm.pid) == arm.pid and arm.poll() is None
+                os.killpg(arm.pid, signal.SIGSTOP)  # frozen, as between its steps
+                arm.conn.close()  # the process that asked for it went away
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    try:
+                        os.kill(arm.pid, 0)
+                    except ProcessLookupError:
+                        break
+                    time.sleep(0.1)
+                else:
+                    pytest.fail("the frozen arm outlived its caller")
