@@ -223,6 +223,14 @@ def cmd_autotune(args) -> int:
 
 
 
+def cmd_export(args) -> int:
+    """A run's model (its last checkpoint, or a .ckpt) → a Hugging Face GPT-2-layout folder."""
+    from helpers.run.hf_weights import export_checkpoint
+    ckpt, written = export_checkpoint(args.source, args.out)
+    print(f"{ckpt} → {written} (GPT-2 layout, with config.json); start a run from it with --set init_from={args.out}")
+    return 0
+
+
 def add_config_arguments(p: argparse.ArgumentParser, what: str = "YAML config") -> None:
     """--config FILE and repeatable --set KEY=VALUE, for every command that builds a Config."""
     p.add_argument("--config", help=f"{what} (defaults when omitted)")
@@ -253,6 +261,7 @@ def parser() -> argparse.ArgumentParser:
     _add_workbook_command(sub)
     _add_profile_commands(sub, default_progress)
     _add_autotune_command(sub)
+    _add_bring_your_own_commands(sub)
     tb = sub.add_parser("tensorboard", help="TensorBoard event files from runs and workbooks (needs tensorboardX)")
     tb.add_argument("sources", nargs="+", metavar="RUN_OR_WORKBOOK", help="run or workbook folders")
     tb.add_argument("--out", required=True, help="log folder to write (then: tensorboard --logdir OUT)")
@@ -320,6 +329,14 @@ def _add_profile_commands(sub, default_progress: str) -> None:
     d = sub.add_parser("diagnose", help="bottleneck verdict, alarms and troubleshooting rows for a run")
     d.add_argument("run_dir")
     d.set_defaults(func=cmd_diagnose)
+
+
+def _add_bring_your_own_commands(sub) -> None:
+    """export: the workbook's model out in a Hugging Face layout."""
+    e = sub.add_parser("export", help="write a run's model as Hugging Face GPT-2 safetensors (+ config.json)")
+    e.add_argument("source", help="run folder (its last checkpoint) or a checkpoints/step_N.ckpt file")
+    e.add_argument("--out", required=True, help="folder to write model.safetensors and config.json into")
+    e.set_defaults(func=cmd_export)
 
 
 def _add_autotune_command(sub) -> None:
