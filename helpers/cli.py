@@ -231,6 +231,22 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_prepare(args) -> int:
+    """A corpus the workbook knows → a MindRecord set (train, val, tokenizer) that runs read with MindDataset."""
+    from helpers.run.data import DataError
+    from helpers.run.mindrecord import MindRecordError
+    from helpers.run.to_mindrecord import write_corpus
+    cfg = config_mod.absolute_paths(load_config(args.config, args.set))
+    try:
+        w = write_corpus(cfg, args.out)
+    except (DataError, MindRecordError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{w.train_rows} train + {w.val_rows} val rows of {w.row_tokens} tokens (vocabulary {w.vocab_size}) → "
+          f"{w.folder}; train on it with --set data.format=mindrecord --set data.corpus={w.folder}")
+    return 0
+
+
 def add_config_arguments(p: argparse.ArgumentParser, what: str = "YAML config") -> None:
     """--config FILE and repeatable --set KEY=VALUE, for every command that builds a Config."""
     p.add_argument("--config", help=f"{what} (defaults when omitted)")
@@ -332,7 +348,12 @@ def _add_profile_commands(sub, default_progress: str) -> None:
 
 
 def _add_bring_your_own_commands(sub) -> None:
-    """export: the workbook's model out in a Hugging Face layout."""
+    """prepare (a corpus → MindRecord) and export (the workbook's model out in a Hugging Face layout)."""
+    pr = sub.add_parser("prepare", help="write the config's corpus as MindRecord token windows (MindSpore FileWriter)")
+    add_config_arguments(pr, "YAML config whose data and model.seq_len to use")
+    pr.add_argument("--to", required=True, choices=["mindrecord"], help="output format")
+    pr.add_argument("--out", required=True, help="folder for train.mindrecord, val.mindrecord and tokenizer.json")
+    pr.set_defaults(func=cmd_prepare)
     e = sub.add_parser("export", help="write a run's model as Hugging Face GPT-2 safetensors (+ config.json)")
     e.add_argument("source", help="run folder (its last checkpoint) or a checkpoints/step_N.ckpt file")
     e.add_argument("--out", required=True, help="folder to write model.safetensors and config.json into")
