@@ -358,14 +358,18 @@ def prepare(cfg: Config, run_dir: Path | None = None) -> Prepared:
 
 
 def _prepare_records(cfg: Config, run_dir: Path | None) -> Prepared:
-    """A MindRecord set: a folder of train.mindrecord (+ val.mindrecord, tokenizer.json), or one file (ids only:
-    model.vocab_size names its vocabulary; the last val_fraction of its rows validate)."""
+    """A MindRecord set: a folder of train.mindrecord (+ val.mindrecord, tokenizer.json), or one file or a folder of
+    other .mindrecord files (ids only: model.vocab_size names their vocabulary; the last val_fraction of the rows of
+    the first file's set validate)."""
     where = Path(cfg.data.corpus[0]).expanduser()
+    theirs = sorted(where.glob("*.mindrecord")) if where.is_dir() and not (where / TRAIN_FILE).is_file() else []
+    if theirs:  # a folder of someone else's set (MindFormers' dataset_dir): its first file, ids only
+        where = theirs[0]
     if where.is_dir():
         train, val, tok = where / TRAIN_FILE, where / VAL_FILE, where / "tokenizer.json"
         if not train.is_file():
-            raise DataError(f"folder {str(where)!r} has no {TRAIN_FILE}; pass a folder written by `python -m helpers "
-                            f"prepare --to mindrecord` or a .mindrecord file")
+            raise DataError(f"folder {str(where)!r} has no .mindrecord file; pass a folder written by `python -m "
+                            f"helpers prepare --to mindrecord` or a .mindrecord file")
     elif where.is_file():
         train, val, tok = where, None, None
     else:

@@ -95,7 +95,8 @@ def test_bad_files_get_one_line_each(corpus, tmp_path):
     (tmp_path / "text.mindrecord").write_text("not a mindrecord")
     assert "is not a readable MindRecord" in _one_line(MindRecordError,
                                                        records_cfg(cfg, tmp_path / "text.mindrecord", vocab_size=30))
-    assert "has no train.mindrecord" in _one_line(DataError, records_cfg(cfg, tmp_path))
+    (tmp_path / "empty").mkdir()
+    assert "has no .mindrecord file" in _one_line(DataError, records_cfg(cfg, tmp_path / "empty"))
 
 
 @pytest.mark.slow
