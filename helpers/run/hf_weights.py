@@ -126,6 +126,21 @@ def file_settings(path: str | Path) -> dict:
         return {}
 
 
+# config.json keys of a GPT-2 checkpoint → the workbook keys that must match them.
+SETTINGS = {"n_layer": "model.n_layer", "n_head": "model.n_head", "n_embd": "model.d_model",
+            "vocab_size": "model.vocab_size"}
+
+
+def model_settings(path: str | Path, layout: Layout = GPT2) -> dict:
+    """The workbook settings a GPT-2 checkpoint needs (dims from its config.json when present, activation, norm,
+    biases, fused q,k,v), as {dotted key: value} for `config.with_changes`."""
+    settings = file_settings(path)
+    act = settings.get("activation_function", "gelu_new")
+    out = {ours: settings[theirs] for theirs, ours in SETTINGS.items() if theirs in settings}
+    return {**out, "model.preset": "custom", "model.norm": "layernorm", "model.bias": True, "model.qkv": "fused",
+            "model.mlp": layout.activations.get(act, act)}
+
+
 def layout_of(names: list[str], where: str) -> Layout:
     """GPT2 when the names are GPT-2's; a one-line WeightsError for a layout the model cannot take or does not know."""
     for ending, (layout, lacks) in REFUSED.items():
