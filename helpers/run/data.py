@@ -606,7 +606,7 @@ def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, rank: int 
     """
     import mindspore.dataset as ds  # here, not at the top: importing MindSpore takes seconds
 
-    data, seq_len, batch = cfg.data, cfg.model.seq_len, cfg.batch_size
+    data, batch = cfg.data, cfg.batch_size
     total = cfg.steps * cfg.grad_accum_steps + extra_batches
     if not 0 <= skip_batches < total:
         raise DataError(f"skip_batches={skip_batches} leaves no batches of the {total} this run needs "
