@@ -568,7 +568,8 @@ class _TokenizeWindow:
 
 
 class _RowWindow:
-    """Map op for a MindRecord row: (input_ids[, labels]) of seq_len+1 tokens → (x, y) = (ids[:-1], targets[1:])."""
+    """Map op for a MindRecord row: (input_ids[, labels]) of seq_len+1 tokens → (x, y) = (ids[:-1], targets[1:]).
+    MindDataset reads ahead while a DataGate is closed; this op is where the pipeline waits."""
 
     def __init__(self, gate: DataGate):
         self.gate = gate

@@ -153,9 +153,9 @@ def layout_of(names: list[str], where: str) -> Layout:
     return GPT2
 
 
-def check_model(layout: Layout, m: ModelConfig, settings: dict, where: str) -> None:
-    """The model knobs a GPT-2 file needs (its config.json's activation and heads when present); one line naming
-    the settings to change."""
+def mismatched(layout: Layout, m: ModelConfig, settings: dict) -> list[str]:
+    """The settings (key=value) the model must change to match a GPT-2 checkpoint whose config.json holds
+    `settings` (its activation and heads, when present); [] when it matches."""
     act = settings.get("activation_function", "gelu_new")
     wanted = {"model.norm": "layernorm", "model.bias": True, "model.mlp": layout.activations.get(act, act)}
     if "n_head" in settings:
@@ -164,7 +164,14 @@ def check_model(layout: Layout, m: ModelConfig, settings: dict, where: str) -> N
     wrong = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in wanted.items() if have[k] != v]
     if m.qkv == "separate":
         wrong.append("model.qkv=fused")
+    return wrong
+
+
+def check_model(layout: Layout, m: ModelConfig, settings: dict, where: str) -> None:
+    """One WeightsError line naming the settings to change when the model does not match the checkpoint."""
+    wrong = mismatched(layout, m, settings)
     if wrong:
+        act = settings.get("activation_function", "gelu_new")
         raise WeightsError(f"init_from={where!r} is a {layout.name} checkpoint (activation {act}); the model must "
                            f"match it: set {' '.join(wrong)}")
 
@@ -228,7 +235,11 @@ def load_into(net, cfg_model: ModelConfig, path: str) -> Loaded:
 def from_ours(params: dict[str, np.ndarray], m: ModelConfig, layout: Layout = GPT2) -> dict[str, np.ndarray]:
     """Our parameters (name → array) in the layout's names and shapes, prefix included; the head stays tied
     (not written, as Hugging Face saves a tied GPT-2)."""
-    check_model(layout, m, {"activation_function": _activation(layout, m.mlp)}, "this run")
+    wrong = mismatched(layout, m, {"activation_function": _activation(layout, m.mlp)})
+    if wrong or m.mlp not in layout.activations.values():
+        raise WeightsError(f"this run's model has no {layout.name} layout: {layout.name} needs model.norm=layernorm, "
+                           f"model.bias=true, fused q,k,v and a GELU MLP (a LLaMA-like model waits for rotary "
+                           f"positions and a LLaMA layout)")
     missing = [ours for ours, _ in expand(layout, m.n_layer).values() if ours not in params]
     if missing:
         raise WeightsError(f"the checkpoint lacks {_listed('', missing)} of the model's parameters; export a "

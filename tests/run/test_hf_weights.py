@@ -162,6 +162,12 @@ def test_model_knobs_must_match_the_file(tmp_path):
     assert message.endswith("set model.norm=layernorm model.mlp=gelu_tanh model.n_head=4")
 
 
+def test_a_llama_like_model_is_not_exported_as_gpt2(tmp_path):
+    m = model_cfg(mlp="swiglu", norm="rmsnorm", bias=False)
+    with pytest.raises(WeightsError, match="this run's model has no GPT-2 layout: GPT-2 needs model.norm=layernorm"):
+        write_checkpoint(tmp_path, params_of(gpt(m)), m)
+
+
 def test_untied_head_and_unknown_layouts_are_refused(tmp_path):
     t = gpt2_tensors()
     assert "differs from its token embedding" in _refusal(tmp_path, {**t, "lm_head.weight": t["wte.weight"] + 1})
