@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from helpers.config import from_dict
-from helpers.run.hf_weights import WeightsError, load_into, read_tensors, write_checkpoint
+from helpers.run.hf_weights import WeightsError, load_into, model_settings, read_tensors, write_checkpoint
 from helpers.record import load_run
 from tests.conftest import run_cli, tiny_args
 
@@ -116,6 +116,11 @@ def test_export_then_import_is_the_identity(tmp_path):
     assert all(np.array_equal(back[k], original[k]) for k in original)
     settings = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (settings["n_layer"], settings["n_embd"], settings["activation_function"]) == (LAYERS, D, "gelu_new")
+    wanted = model_settings(tmp_path / "out")  # what a config needs to start from the folder
+    assert {k: wanted[k] for k in ("model.n_layer", "model.n_head", "model.d_model", "model.vocab_size",
+                                   "model.mlp")} == {"model.n_layer": LAYERS, "model.n_head": HEADS,
+                                                     "model.d_model": D, "model.vocab_size": VOCAB,
+                                                     "model.mlp": "gelu_tanh"}
     again = gpt(model_cfg())  # and our parameters survive the round trip the other way
     load_into(again, model_cfg(), str(tmp_path / "out"))
     assert all(np.array_equal(v, params_of(net)[k]) for k, v in params_of(again).items())
