@@ -275,7 +275,8 @@ def leaves(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
     out = []
     for key, value in data.items():
         dotted = f"{prefix}{key}"
-        whole = dotted in UNUSED_SECTIONS or dotted in UNUSED_KEYS or dotted in RULES
+        ruled_inside = any(k.startswith(dotted + ".") for k in RULES)  # e.g. moe_config.expert_num is checked
+        whole = dotted in UNUSED_KEYS or dotted in RULES or (dotted in UNUSED_SECTIONS and not ruled_inside)
         if isinstance(value, dict) and value and not whole:
             out += leaves(value, dotted + ".")
         else:
@@ -286,7 +287,8 @@ def leaves(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
 def _row(key: str, value: Any) -> tuple[dict, Row]:
     """What one source key sets, and its table row; a key nobody mapped or a value not honoured is refused."""
     if key not in RULES:
-        why = UNUSED_KEYS.get(key) or UNUSED_SECTIONS.get(key)
+        why = UNUSED_KEYS.get(key) or next((note for section, note in UNUSED_SECTIONS.items()
+                                            if key == section or key.startswith(section + ".")), None)
         if why is None:
             known = [*RULES, *UNUSED_KEYS, *UNUSED_SECTIONS]
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)

@@ -49,7 +49,7 @@ def test_every_source_key_has_a_row_and_each_unused_one_says_why(recipe):
     assert by_key["parallel_config.data_parallel"].ours == "parallel.data_parallel"
     assert "rotary" in by_key["model.model_config.type"].note
     lines = imported.table().splitlines()
-    assert lines[0].split() [:3] == ["source", "key", "value"] and len(lines) == len(imported.rows) + 1
+    assert lines[0].split()[:3] == ["source", "key", "value"] and len(lines) == len(imported.rows) + 1
 
 
 @pytest.mark.parametrize("key, value, expected", [
@@ -74,6 +74,14 @@ def test_what_cannot_be_honoured_is_refused_in_one_line_naming_the_key(recipe, k
     with pytest.raises(ConfigError) as err:
         import_mindformers(bad)
     assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_section_the_workbook_ignores_still_has_its_refusals_checked(recipe):
+    rows = import_mindformers({**recipe, "moe_config": {"expert_num": 1, "capacity_factor": 1.1}}).rows
+    assert [(r.source, r.ours) for r in rows if r.source.startswith("moe")] == [
+        ("moe_config.expert_num", "not used here"), ("moe_config.capacity_factor", "not used here")]
+    with pytest.raises(ConfigError, match="moe_config.expert_num=8 cannot be honoured here: expert_num"):
+        import_mindformers({**recipe, "moe_config": {"expert_num": 8}})
 
 
 def test_scale_keeps_the_recipe_and_shrinks_the_dims(recipe):
