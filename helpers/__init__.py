@@ -47,6 +47,9 @@ _HOMES = {
     "helpers.book.live": ("live_curves",),
     "helpers.book.planner": ("msrun_commands",),
     "helpers.book.tensorboard": ("export_tensorboard",),
+    "helpers.book.bring_your_own": ("export_weights", "from_weights", "load_recipe", "recipe_plan", "recipe_table",
+                                     "tryout_config"),
+    "helpers.mindformers": ("import_mindformers", "read_yaml", "scaled"),
     "helpers.book.dp_study": ("comm_table", "dp_configs", "fusion_records", "fusion_study", "hand_arithmetic_7b",
                               "loss_diff_plot", "loss_equivalence", "memory_check", "run_all", "strategy_table"),
 }

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from helpers import config as config_mod
-from helpers.config import ConfigError, load_config
+from helpers.config import PRESETS, ConfigError, load_config
 from helpers.record import RecordError, load_run, memory_label
 from helpers.units import mib_text
 from helpers.run.rows import PROGRESS_KINDS, progress_sink
@@ -223,6 +223,58 @@ def cmd_autotune(args) -> int:
 
 
 
+def cmd_export(args) -> int:
+    """A run's model (its last checkpoint, or a .ckpt) → a Hugging Face GPT-2-layout folder."""
+    from helpers.run.hf_weights import export_checkpoint
+    ckpt, written = export_checkpoint(args.source, args.out)
+    print(f"{ckpt} → {written} (GPT-2 layout, with config.json); start a run from it with --set init_from={args.out}")
+    return 0
+
+
+def cmd_prepare(args) -> int:
+    """A corpus the workbook knows → a MindRecord set (train, val, tokenizer) that runs read with MindDataset."""
+    from helpers.run.data import DataError
+    from helpers.run.mindrecord import MindRecordError
+    from helpers.run.to_mindrecord import write_corpus
+    cfg = config_mod.absolute_paths(load_config(args.config, args.set))
+    try:
+        w = write_corpus(cfg, args.out)
+    except (DataError, MindRecordError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{w.train_rows} train + {w.val_rows} val rows of {w.row_tokens} tokens (vocabulary {w.vocab_size}) → "
+          f"{w.folder}; train on it with --set data.format=mindrecord --set data.corpus={w.folder}")
+    return 0
+
+
+def cmd_import_config(args) -> int:
+    """A MindFormers-style YAML → a workbook config YAML, its mapping table, and the planner's full-size estimate."""
+    from helpers.book.planner import config_plan
+    from helpers.mindformers import config_yaml, import_mindformers, read_yaml, scaled
+    full = import_mindformers(read_yaml(args.source))
+    out = scaled(full, args.scale) if args.scale else full
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(config_yaml(out, args.source, args.scale or ""), encoding="utf-8")
+    print(out.table())
+    full_cfg = config_mod.from_dict(full.config)
+    if not full_cfg.model.vocab_size:
+        print("planner estimate: the recipe names no vocab_size (the tokenizer's); set model.vocab_size for one")
+    else:
+        _print_estimate(*config_plan(full_cfg))
+    print(f"wrote {args.out}; train it with: python -m helpers train --config {args.out} --out runs/<name>")
+    return 0
+
+
+def _print_estimate(shape, strategy) -> None:
+    """The planner's per-device memory estimate of an imported recipe at its full size, on one line."""
+    from helpers.book.planner import GB, estimate
+    e = estimate(shape, strategy)
+    print(f"planner estimate at full size: {shape.n_params / 1e9:.2f} B parameters, {e.total / GB:.1f} GB per device "
+          f"(weights {e.params / GB:.1f}, grads {e.grads / GB:.1f}, AdamW {e.optimizer / GB:.1f}, activations "
+          f"{e.activations / GB:.1f}) with DP {strategy.dp}, micro-batch {strategy.micro_batch}, recompute "
+          f"{'on' if strategy.recompute else 'off'}, {strategy.dtype}")
+
+
 def add_config_arguments(p: argparse.ArgumentParser, what: str = "YAML config") -> None:
     """--config FILE and repeatable --set KEY=VALUE, for every command that builds a Config."""
     p.add_argument("--config", help=f"{what} (defaults when omitted)")
@@ -253,6 +305,7 @@ def parser() -> argparse.ArgumentParser:
     _add_workbook_command(sub)
     _add_profile_commands(sub, default_progress)
     _add_autotune_command(sub)
+    _add_bring_your_own_commands(sub)
     tb = sub.add_parser("tensorboard", help="TensorBoard event files from runs and workbooks (needs tensorboardX)")
     tb.add_argument("sources", nargs="+", metavar="RUN_OR_WORKBOOK", help="run or workbook folders")
     tb.add_argument("--out", required=True, help="log folder to write (then: tensorboard --logdir OUT)")
@@ -320,6 +373,26 @@ def _add_profile_commands(sub, default_progress: str) -> None:
     d = sub.add_parser("diagnose", help="bottleneck verdict, alarms and troubleshooting rows for a run")
     d.add_argument("run_dir")
     d.set_defaults(func=cmd_diagnose)
+
+
+def _add_bring_your_own_commands(sub) -> None:
+    """Bringing your own training: prepare (a corpus → MindRecord), import-config (a MindFormers YAML → a config)
+    and export (the workbook's model out in a Hugging Face layout)."""
+    pr = sub.add_parser("prepare", help="write the config's corpus as MindRecord token windows (MindSpore FileWriter)")
+    add_config_arguments(pr, "YAML config whose data and model.seq_len to use")
+    pr.add_argument("--to", required=True, choices=["mindrecord"], help="output format")
+    pr.add_argument("--out", required=True, help="folder for train.mindrecord, val.mindrecord and tokenizer.json")
+    pr.set_defaults(func=cmd_prepare)
+    ic = sub.add_parser("import-config", help="map a MindFormers-style training YAML onto a workbook config")
+    ic.add_argument("source", help="the MindFormers YAML (model.model_config, runner_config, optimizer, …)")
+    ic.add_argument("--out", required=True, help="workbook YAML to write")
+    ic.add_argument("--scale", choices=sorted(PRESETS), help="keep the recipe, shrink the dims to this preset and "
+                                                             "run it on CPU in one process (a try-out)")
+    ic.set_defaults(func=cmd_import_config)
+    e = sub.add_parser("export", help="write a run's model as Hugging Face GPT-2 safetensors (+ config.json)")
+    e.add_argument("source", help="run folder (its last checkpoint) or a checkpoints/step_N.ckpt file")
+    e.add_argument("--out", required=True, help="folder to write model.safetensors and config.json into")
+    e.set_defaults(func=cmd_export)
 
 
 def _add_autotune_command(sub) -> None:

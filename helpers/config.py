@@ -45,7 +45,9 @@ class ModelConfig:
     seq_len: int = _knob(64, "context length in tokens", ge=1)
     vocab_size: int = _knob(0, "0 = take the tokenizer's vocabulary size", ge=0)
     norm: str = _knob("layernorm", "normalisation cell", choices=["layernorm", "rmsnorm"])
-    mlp: str = _knob("gelu", "feed-forward type", choices=["gelu", "swiglu"])
+    mlp: str = _knob("gelu", "feed-forward type: GELU (exact erf), GELU with GPT-2's tanh approximation "
+                             "(gelu_tanh, for GPT-2 weights through init_from) or SwiGLU",
+                     choices=["gelu", "gelu_tanh", "swiglu"])
     qkv: str = _knob("fused", "q,k,v projection: one Dense split by ops.Split (fused), one Dense cut by "
                               "strided slices (fused_slice), or three Dense cells (separate)",
                      choices=["fused", "fused_slice", "separate"])
@@ -77,8 +79,13 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    corpus: list[str] = _knob(None, "registry names (tinyshakespeare) or UTF-8 text file paths",
+    corpus: list[str] = _knob(None, "registry names (tinyshakespeare) or UTF-8 text file paths; with "
+                                    "format=mindrecord one MindRecord set: a folder written by `python -m helpers "
+                                    "prepare --to mindrecord` or a .mindrecord file",
                               default_factory=lambda: ["tinyshakespeare"])
+    format: str = _knob("text", "corpus format: text (tokenized here), or mindrecord (token ids in input_ids, and "
+                                "labels if present, rows of model.seq_len+1, read with MindSpore's MindDataset)",
+                        choices=["text", "mindrecord"])
     tokenizer: str = _knob("char", "char (vocab from corpus), byte (256) or bpe (trained offline)",
                            choices=["char", "byte", "bpe"])
     vocab_size: int = _knob(512, "BPE vocabulary size (bpe only)", ge=260)
@@ -187,6 +194,8 @@ class Config:
     checkpoint_every: int = _knob(0, "steps between checkpoints; 0 = only at the end", ge=0)
     keep_checkpoints: int = _knob(2, "how many recent checkpoints to keep", ge=1)
     resume_from: str = _knob("", "run directory or .ckpt file to continue from")
+    init_from: str = _knob("", "Hugging Face weights to start from (step 1, fresh optimizer): a folder of "
+                               ".safetensors files or one file, GPT-2 layout; '' = random init")
 
     # Derived values: one home each, read everywhere.
     @property
@@ -367,6 +376,7 @@ def validate(cfg: Config) -> Config:
     if m.kernels == "native" and cfg.amp_level != "O0":
         raise ConfigError(f"model.kernels=native computes in fp32 only and amp_level={cfg.amp_level} casts to "
                           f"{cfg.amp_dtype}; use model.kernels=mindspore or auto with AMP, or amp_level=O0")
+    _validate_sources(cfg)
     if m.build and ":" not in m.build:
         raise ConfigError(f"model.build={m.build!r} must look like 'package.module:function'")
     return cfg
@@ -403,6 +413,21 @@ def _validate_device_levers(cfg: Config) -> None:
             raise ConfigError(f"model.attention=flash needs a head size that is a multiple of 16 (d_model/n_head = "
                               f"{m.d_model // m.n_head}) and model.dropout=0 (got {m.dropout}); change the dims or "
                               f"use model.attention=manual")
+
+
+def _validate_sources(cfg: Config) -> None:
+    """What a MindRecord corpus or Hugging Face weights cannot be combined with."""
+    d = cfg.data
+    if d.format == "mindrecord":
+        if len(d.corpus) != 1:
+            raise ConfigError(f"data.format=mindrecord reads one MindRecord set, got data.corpus={d.corpus}; pass its "
+                              f"folder or its first .mindrecord file")
+        if d.tokenize == "on_the_fly" or d.source_delay_ms:
+            raise ConfigError("data.tokenize=on_the_fly and data.source_delay_ms act on text read here; a MindRecord "
+                              "holds token ids read by MindDataset: use data.tokenize=ahead and data.source_delay_ms=0")
+    if cfg.init_from and cfg.model.build:
+        raise ConfigError(f"init_from loads weights into the workbook's model and model.build={cfg.model.build!r} "
+                          f"builds your own; drop one of them")
 
 
 def _validate_parallel(cfg: Config, cores: int) -> None:
@@ -526,7 +551,7 @@ def absolute_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config
     """
     corpus = [str(absolute(c, base)) if absolute(c, base).exists() else c for c in cfg.data.corpus]
     changes = {"data.corpus": corpus}
-    for key in ("compile_cache_path", "resume_from"):
+    for key in ("compile_cache_path", "resume_from", "init_from"):
         value = getattr(cfg, key)
         if value:
             changes[key] = str(absolute(value, base))

@@ -137,3 +137,37 @@ def shape_of(cfg, n_params: int, vocab: int) -> ModelShape:
     """A ModelShape for a workbook Config and its counted parameters (e.g. the nano preset)."""
     m = cfg.model
     return ModelShape(m.preset, float(n_params), m.n_layer, m.d_model, m.n_head, m.seq_len, vocab)
+
+
+def model_params(m, vocab: int) -> int:
+    """Trainable parameters of the workbook's model (helpers/run/model.py `GPT`) at the dims of ModelConfig `m` with
+    a vocabulary of `vocab` tokens, by arithmetic (no model is built)."""
+    d = m.d_model
+    norm = 2 * d if m.norm == "layernorm" else d  # nn.LayerNorm always has a bias; RMSNorm a weight only
+    bias = 1 if m.bias else 0
+    attn = 4 * d * d + bias * 4 * d
+    if m.mlp == "swiglu":
+        hidden = 8 * ((8 * d // 3 + 7) // 8)
+        mlp = 3 * d * hidden
+    else:
+        mlp = 8 * d * d + bias * 5 * d
+    return vocab * d + m.seq_len * d + m.n_layer * (2 * norm + attn + mlp) + norm
+
+
+def config_plan(cfg, vocab: int = 0) -> tuple[ModelShape, Strategy]:
+    """The planner's model shape and strategy for a workbook Config at its full size (an imported recipe, e.g.):
+    DP = parallel.data_parallel, micro-batch = sequences per device, recompute, dtype of its AMP setting. vocab:
+    tokens in the vocabulary when model.vocab_size is 0 (the tokenizer's)."""
+    m = cfg.model
+    vocab = m.vocab_size or vocab
+    if not vocab:
+        raise ValueError("model.vocab_size is 0 (the tokenizer's); pass the vocabulary size as vocab")
+    shape = ModelShape(m.preset, float(model_params(m, vocab)), m.n_layer, m.d_model, m.n_head, m.seq_len, vocab)
+    dtype = "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype
+    return shape, Strategy(dp=cfg.parallel.data_parallel, micro_batch=cfg.micro_batch_per_device,
+                           recompute=cfg.recompute == "blocks", dtype=dtype)
+
+
+def config_estimate(cfg, vocab: int = 0) -> MemoryEstimate:
+    """Per-device memory ESTIMATE (bytes) of a workbook Config at its full size (`config_plan`, `estimate`)."""
+    return estimate(*config_plan(cfg, vocab))

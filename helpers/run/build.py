@@ -51,6 +51,7 @@ class Built:
     val: list                    # the fixed validation batches, as (x, y) Tensors
     ballast: object | None       # the test-only intermittent cost (model.ballast_every), or None
     amp_audit: dict | None       # the AMP dtype audit's summary for summary.json (amp_level != O0), or None
+    init: dict | None = None     # what init_from loaded (hf_weights.Loaded as a dict), or None
 
     def evaluate(self) -> float:
         """Mean validation loss over the fixed validation batches (nats/token); the step Cells train again after."""
@@ -85,6 +86,7 @@ def build(cfg: Config, prep: Prepared, run_dir: Path, kernels: str, lr_steps: in
     from helpers.run.step import Stepper, make_optimizer
     vocab = model_vocab(cfg, prep)
     backbone = build_model(cfg, vocab, kernels)
+    init = _load_init(cfg, backbone)
     n_params = count_params(backbone)
     if cfg.recompute == "blocks":
         for block in getattr(backbone, "blocks", []):  # a user's model.build may have no blocks
@@ -108,7 +110,16 @@ def build(cfg: Config, prep: Prepared, run_dir: Path, kernels: str, lr_steps: in
     amp_audit = _audit_amp(cfg, vocab, kernels, run_dir) if cfg.amp_level != "O0" else None
     val = [(ms.Tensor(x), ms.Tensor(y)) for x, y in val_batches(cfg, prep)]
     return Built(kernels, vocab, n_params, flops_per_token(n_params, cfg.model), stepper, calls, eval_net, hooks,
-                 device_memory, val, ballast, amp_audit)
+                 device_memory, val, ballast, amp_audit, init)
+
+
+def _load_init(cfg: Config, backbone) -> dict | None:
+    """init_from's weights into the freshly built backbone (before AMP casts it), or None without init_from."""
+    if not cfg.init_from:
+        return None
+    from dataclasses import asdict
+    from helpers.run.hf_weights import load_into
+    return {"path": cfg.init_from, **asdict(load_into(backbone, cfg.model, cfg.init_from))}
 
 
 def _compiled_calls(cfg: Config, cells: list) -> list:

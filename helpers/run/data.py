@@ -1,4 +1,5 @@
-"""Text in → token batches out: corpus registry, tokenizers, train/val split, MindSpore input pipeline.
+"""Text in → token batches out: corpus registry, tokenizers, train/val split, MindSpore input pipeline; or token
+windows read from a MindRecord set (data.format=mindrecord, helpers/run/mindrecord.py) into the same pipeline.
 
 Every user-facing problem raises `DataError` with one actionable line. MindSpore is imported only by
 `train_dataset`, so loading text and tokenizing stay fast and usable without it.
@@ -24,6 +25,7 @@ import numpy as np
 from helpers.config import Config
 from helpers.paths import DATA_CACHE
 from helpers.record import RecordError, atomic_write_bytes, atomic_write_text
+from helpers.run.mindrecord import TRAIN_FILE, VAL_FILE, Records, open_records, source as records_source
 
 CACHE_ENV = "WORKBOOK_DATA_CACHE"
 
@@ -284,7 +286,26 @@ class _BpeTokenizer(Tokenizer):
         return cls(HfTokenizer.from_str(json.dumps(state["hf"])))
 
 
-_KINDS = {"char": _CharTokenizer, "byte": _ByteTokenizer, "bpe": _BpeTokenizer}
+class _IdsTokenizer(Tokenizer):
+    """The vocabulary of a MindRecord set that came without its tokenizer: ids only, shown as numbers."""
+    kind = "ids"
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> np.ndarray:
+        raise DataError("this run's MindRecord came without a tokenizer (ids only), so text cannot be encoded; put "
+                        "the tokenizer.json of `python -m helpers prepare --to mindrecord` beside its files")
+
+    def decode(self, ids) -> str:
+        return " ".join(str(i) for i in self._check_ids(ids))
+
+    @classmethod
+    def _from_state(cls, state: dict) -> _IdsTokenizer:
+        return cls(int(state["vocab_size"]))
+
+
+_KINDS = {"char": _CharTokenizer, "byte": _ByteTokenizer, "bpe": _BpeTokenizer, "ids": _IdsTokenizer}
 
 
 def build_tokenizer(kind: str, text: str, vocab_size: int = 512) -> Tokenizer:
@@ -306,7 +327,8 @@ def build_tokenizer(kind: str, text: str, vocab_size: int = 512) -> Tokenizer:
 
 @dataclass
 class Prepared:
-    """A tokenized corpus split into train and validation parts (tokens int32, text str)."""
+    """A tokenized corpus split into train and validation parts (tokens int32, text str); a MindRecord set has
+    its windows in `records` instead (and no tokens or text here)."""
 
     tokenizer: Tokenizer
     train_tokens: np.ndarray
@@ -314,10 +336,14 @@ class Prepared:
     text_train: str
     text_val: str
     corpus_bytes: int
+    records: Records | None = None
 
 
 def prepare(cfg: Config, run_dir: Path | None = None) -> Prepared:
-    """Load the corpus, build the tokenizer on all of it, split off the last val_fraction, tokenize both parts."""
+    """Load the corpus, build the tokenizer on all of it, split off the last val_fraction, tokenize both parts (or
+    check and open a MindRecord set, data.format=mindrecord)."""
+    if cfg.data.format == "mindrecord":
+        return _prepare_records(cfg, run_dir)
     text = corpus_text(cfg.data.corpus)
     # Split the text, not the tokens, so on-the-fly tokenization can read the train text directly.
     cut = int(len(text) * (1.0 - cfg.data.val_fraction))
@@ -329,6 +355,41 @@ def prepare(cfg: Config, run_dir: Path | None = None) -> Prepared:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         tokenizer.save(Path(run_dir) / "tokenizer.json")
     return Prepared(tokenizer, train, val, text_train, text_val, len(text.encode("utf-8")))
+
+
+def _prepare_records(cfg: Config, run_dir: Path | None) -> Prepared:
+    """A MindRecord set: a folder of train.mindrecord (+ val.mindrecord, tokenizer.json), or one file or a folder of
+    other .mindrecord files (ids only: model.vocab_size names their vocabulary; the last val_fraction of the rows of
+    the first file's set validate)."""
+    where = Path(cfg.data.corpus[0]).expanduser()
+    theirs = sorted(where.glob("*.mindrecord")) if where.is_dir() and not (where / TRAIN_FILE).is_file() else []
+    if theirs:  # a folder of someone else's set (MindFormers' dataset_dir): its first file, ids only
+        where = theirs[0]
+    if where.is_dir():
+        train, val, tok = where / TRAIN_FILE, where / VAL_FILE, where / "tokenizer.json"
+        if not train.is_file():
+            raise DataError(f"folder {str(where)!r} has no .mindrecord file; pass a folder written by `python -m "
+                            f"helpers prepare --to mindrecord` or a .mindrecord file")
+    elif where.is_file():
+        train, val, tok = where, None, None
+    else:
+        raise DataError(f"MindRecord {str(where)!r} does not exist; pass a .mindrecord file or a folder written by "
+                        f"`python -m helpers prepare --to mindrecord`")
+    if tok is not None and tok.is_file():
+        tokenizer = Tokenizer.load(tok)
+    elif cfg.model.vocab_size:
+        tokenizer = _IdsTokenizer(cfg.model.vocab_size)
+    else:
+        raise DataError(f"MindRecord {str(where)!r} comes without a tokenizer.json, so its vocabulary is unknown; set "
+                        f"model.vocab_size to the vocabulary its ids were made with (e.g. model.vocab_size=32000)")
+    vocab = cfg.model.vocab_size or tokenizer.vocab_size
+    records = open_records(str(train), str(val) if val is not None and val.is_file() else None, cfg.model.seq_len,
+                           vocab, cfg.data.val_fraction)
+    if run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        tokenizer.save(Path(run_dir) / "tokenizer.json")
+    empty = np.zeros(0, np.int32)
+    return Prepared(tokenizer, empty, empty, "", "", train.stat().st_size, records)
 
 
 def _tokenized(cfg: Config, text: str, cut: int) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
@@ -506,6 +567,18 @@ class _TokenizeWindow:
             span *= 2
 
 
+class _RowWindow:
+    """Map op for a MindRecord row: (input_ids[, labels]) of seq_len+1 tokens → (x, y) = (ids[:-1], targets[1:]).
+    MindDataset reads ahead while a DataGate is closed; this op is where the pipeline waits."""
+
+    def __init__(self, gate: DataGate):
+        self.gate = gate
+
+    def __call__(self, ids, labels=None):
+        self.gate.wait()
+        return ids[:-1], (ids if labels is None else labels)[1:]
+
+
 class _RankRows:
     """Batch map op for data parallel: keep rank r's contiguous rows [r*b, (r+1)*b) of the global batch."""
 
@@ -534,31 +607,24 @@ def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, rank: int 
     """
     import mindspore.dataset as ds  # here, not at the top: importing MindSpore takes seconds
 
-    data, seq_len, batch = cfg.data, cfg.model.seq_len, cfg.batch_size
+    data, batch = cfg.data, cfg.batch_size
     total = cfg.steps * cfg.grad_accum_steps + extra_batches
     if not 0 <= skip_batches < total:
         raise DataError(f"skip_batches={skip_batches} leaves no batches of the {total} this run needs "
                         f"(steps * grad_accum_steps); raise steps to train further")
-    count = window_count(len(prep.train_tokens), seq_len)
     ds.config.set_seed(cfg.seed)
     ds.config.set_prefetch_size(data.prefetch)
     # MindSpore's own tuner: it changes workers and prefetch of this pipeline while it runs (global, so set
     # either way: a previous pipeline in this process must not leave it on)
     ds.config.set_enable_autotune(data.autotune)
-    # Epochs are laid end to end in the source rather than by .repeat + .take: take() makes MindSpore
-    # drain (read, map) the rest of the epoch before the iterator ends.
-    # shuffle=False: GeneratorDataset shuffles random-access sources by default, which would bypass `order`.
-    # Reads use the map's worker count (threads: they only sleep), so workers can hide slow storage.
-    source = ds.GeneratorDataset(_IndexSource(count, total * batch, data.source_delay_ms / 1000.0, gate),
-                                 column_names=["index"], shuffle=False,
-                                 num_parallel_workers=data.num_parallel_workers, python_multiprocessing=False)
-    if data.tokenize == "on_the_fly":
-        window = _TokenizeWindow(prep.text_train, prep.tokenizer, seq_len, len(prep.train_tokens), gate)
+    if prep.records is not None:  # rows in file order, then the same shuffle, map and batch as text windows
+        source, columns = records_source(prep.records, total * batch, data.num_parallel_workers)
+        window = _RowWindow(gate)
     else:
-        window = _SliceWindow(prep.train_tokens, seq_len, gate)
+        source, columns, window = _window_source(cfg, prep, total * batch, gate)
 
     def to_xy(pipe):
-        return pipe.map(operations=window, input_columns=["index"], output_columns=["x", "y"],
+        return pipe.map(operations=window, input_columns=columns, output_columns=["x", "y"],
                         num_parallel_workers=data.num_parallel_workers,
                         python_multiprocessing=data.python_multiprocessing)
 
@@ -573,12 +639,37 @@ def train_dataset(cfg: Config, prep: Prepared, skip_batches: int = 0, rank: int 
     return pipe.skip(skip_batches) if skip_batches else pipe
 
 
+def _window_source(cfg: Config, prep: Prepared, samples: int, gate: DataGate):
+    """(source, its columns, map op) of a tokenized text: window indices, cut from the tokens or tokenized from the
+    text by the map op."""
+    import mindspore.dataset as ds
+    data, seq_len = cfg.data, cfg.model.seq_len
+    count = window_count(len(prep.train_tokens), seq_len)
+    # Epochs are laid end to end in the source rather than by .repeat + .take: take() makes MindSpore
+    # drain (read, map) the rest of the epoch before the iterator ends.
+    # shuffle=False: GeneratorDataset shuffles random-access sources by default, which would bypass `order`.
+    # Reads use the map's worker count (threads: they only sleep), so workers can hide slow storage.
+    source = ds.GeneratorDataset(_IndexSource(count, samples, data.source_delay_ms / 1000.0, gate),
+                                 column_names=["index"], shuffle=False,
+                                 num_parallel_workers=data.num_parallel_workers, python_multiprocessing=False)
+    if data.tokenize == "on_the_fly":
+        return source, ["index"], _TokenizeWindow(prep.text_train, prep.tokenizer, seq_len, len(prep.train_tokens),
+                                                  gate)
+    return source, ["index"], _SliceWindow(prep.train_tokens, seq_len, gate)
+
+
 def val_batches(cfg: Config, prep: Prepared) -> list[tuple[np.ndarray, np.ndarray]]:
-    """cfg.eval_batches fixed (x, y) int32 [batch_size, seq_len] batches spread evenly over the val tokens."""
+    """cfg.eval_batches fixed (x, y) int32 [batch_size, seq_len] batches spread evenly over the val windows (of the
+    val tokens at stride seq_len, or a MindRecord set's validation rows)."""
     seq_len, batch = cfg.model.seq_len, cfg.batch_size
-    count = window_count(len(prep.val_tokens), seq_len)
+    recs = prep.records
+    count = len(recs.val_ids) if recs is not None else window_count(len(prep.val_tokens), seq_len)
     n = cfg.eval_batches * batch
     picks = np.arange(n) * count // n if n <= count else np.arange(n) % count
-    windows = np.stack([prep.val_tokens[s:s + seq_len + 1] for s in picks * seq_len])
-    windows = windows.reshape(cfg.eval_batches, batch, seq_len + 1)
-    return [(np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])) for w in windows]
+    if recs is not None:
+        inputs, targets = recs.val_ids[picks], recs.val_labels[picks]
+    else:
+        inputs = targets = np.stack([prep.val_tokens[s:s + seq_len + 1] for s in picks * seq_len])
+    shape = (cfg.eval_batches, batch, seq_len + 1)
+    return [(np.ascontiguousarray(i[:, :-1]), np.ascontiguousarray(t[:, 1:]))
+            for i, t in zip(inputs.reshape(shape), targets.reshape(shape))]

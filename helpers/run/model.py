@@ -106,7 +106,10 @@ class _GeluManualFn(nn.Cell):
 
 
 def make_gelu(cfg: ModelConfig, native: bool) -> nn.Cell | object:
-    """The exact-erf GELU: the native kernel, the hand-written formulation, or nn.GELU(approximate=False)."""
+    """The MLP's GELU: GPT-2's tanh approximation (mlp=gelu_tanh), else the exact erf as the native kernel, the
+    hand-written formulation, or nn.GELU(approximate=False)."""
+    if cfg.mlp == "gelu_tanh":  # no native or hand-written tanh form: MindSpore's own
+        return nn.GELU(approximate=True)
     if native:
         return native_ops()["gelu"]
     if cfg.gelu == "erf_manual":
@@ -196,7 +199,7 @@ class CausalSelfAttention(nn.Cell):
 
 
 class MLP(nn.Cell):
-    """GELU (exact erf, as nanoGPT) or SwiGLU feed-forward."""
+    """GELU (exact erf, as nanoGPT; or tanh-approximated, as GPT-2) or SwiGLU feed-forward."""
 
     def __init__(self, cfg: ModelConfig, proj_std: float, native: bool):
         super().__init__()
@@ -212,7 +215,7 @@ class MLP(nn.Cell):
             self.up = nn.Dense(d, hidden, weight_init=Normal(0.02), bias_init="zeros", has_bias=cfg.bias,
                                activation=make_gelu(cfg, native))
             self.act = None
-        elif native and cfg.bias:  # bias add + GELU as one native kernel each way
+        elif native and cfg.bias and cfg.mlp == "gelu":  # bias add + exact GELU as one native kernel each way
             hidden = 4 * d
             self.up = _dense(d, hidden, cfg.bias, 0.02, native, bias_op="bias_gelu")
             self.act = None

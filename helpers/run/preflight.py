@@ -12,10 +12,14 @@ from helpers.run.footprint import check_fits
 
 
 def check_paths(cfg: Config) -> None:
-    """A resume_from that does not exist is named as missing (corpus files are checked with the data)."""
+    """A resume_from or init_from that does not exist is named as missing (corpus files are checked with the
+    data)."""
     if cfg.resume_from and not Path(cfg.resume_from).exists():
         raise ConfigError(f"resume_from={cfg.resume_from!r} does not exist; pass a run folder or one of its "
                           f"checkpoints/step_N.ckpt files")
+    if cfg.init_from and not Path(cfg.init_from).exists():
+        raise ConfigError(f"init_from={cfg.init_from!r} does not exist; pass a Hugging Face checkpoint: a .safetensors "
+                          f"file or a folder holding one (`python -m helpers export` writes one from a run)")
 
 
 def check_modules(cfg: Config) -> None:

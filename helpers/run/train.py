@@ -256,6 +256,8 @@ class Trainer:
             self._built = build(cfg, prep, self.run_dir, kernels, cfg.steps + self.turns.extra_steps)
         if self._built.amp_audit is not None:
             self.extra_summary["amp_audit"] = self._built.amp_audit
+        if self._built.init is not None:
+            self.extra_summary["init_from"] = self._built.init
         start = restore(cfg, self._built.stepper.cells) + 1 if cfg.resume_from else 1
         dataset = train_dataset(cfg, prep, skip_batches=(start - 1) * cfg.grad_accum_steps,
                                 rank=self.rank.index if self.rank is not None else None, gate=self.turns.gate,

@@ -293,3 +293,20 @@ def test_a_notebook_run_twice_into_one_workbook_reuses_its_fixed_folder_run(tmp_
     before = snapshot(book)
     assert f"reused the finished run of this same config in {profiled} (nothing trained" in execute(2)
     assert snapshot(book) == before and not list(book.rglob("*.replaced-*"))
+
+
+@pytest.mark.slow
+def test_bring_your_own_pins_baselines_from_a_recipe_and_from_weights(notebooks_run):
+    """15: a baseline of the imported MindFormers recipe at the preset's dims (its AMP O2, recompute and SwiGLU on
+    CPU), and one from 01's baseline exported as Hugging Face GPT-2 weights, which starts where that run ended."""
+    root, failures = notebooks_run
+    assert "15_bring_your_own" not in failures
+    book = root / "workbooks" / "default"
+    recipe = load_runs(book / "studies" / "imported_recipe" / "baseline")
+    assert len(recipe) == 2 and all(r.status == "ok" for r in recipe)
+    assert {(r.config.amp_level, r.config.recompute, r.config.model.mlp, r.config.model.norm) for r in recipe} == {
+        ("O2", "blocks", "swiglu", "rmsnorm")}
+    source, weights = load_runs(book / "baseline"), load_runs(book / "studies" / "from_weights" / "baseline")
+    assert len(weights) == 2 and all(r.summary["init_from"]["layout"] == "GPT-2" for r in weights)
+    assert (book / "studies" / "hf_weights" / "model.safetensors").is_file()
+    assert max(r.summary["loss_first"] for r in weights) < min(r.summary["loss_first"] for r in source) - 0.3
