@@ -46,8 +46,19 @@ class ModelConfig:
     vocab_size: int = _knob(0, "0 = take the tokenizer's vocabulary size", ge=0)
     norm: str = _knob("layernorm", "normalisation cell", choices=["layernorm", "rmsnorm"])
     mlp: str = _knob("gelu", "feed-forward type: GELU (exact erf), GELU with GPT-2's tanh approximation "
-                             "(gelu_tanh, for GPT-2 weights through init_from) or SwiGLU",
-                     choices=["gelu", "gelu_tanh", "swiglu"])
+                             "(gelu_tanh, for GPT-2 weights through init_from), SwiGLU (LLaMA), or ReLU² "
+                             "(relu(x)², the small-GPT speed records' MLP)",
+                     choices=["gelu", "gelu_tanh", "swiglu", "relu2"])
+    positions: str = _knob("learned", "position information: a learned table added to the token embedding "
+                                      "(learned, nanoGPT/GPT-2), or rotary embeddings of q and k (rope, LLaMA)",
+                           choices=["learned", "rope"])
+    rope_theta: float = _knob(10000.0, "rotary base: head-dimension pair i turns by position × theta^(-2i/head)",
+                              gt=1.0)
+    qk_norm: bool = _knob(False, "RMS-normalise each head's q and k (no gain) before attention scores (QK-norm)")
+    zero_init_proj: bool = _knob(False, "initialise the output projections (attention out, MLP down) to zero: each "
+                                        "block starts as the identity")
+    logit_softcap: float = _knob(0.0, "soft-cap the output logits at ±cap: cap·tanh(logits/cap); 0 = off",
+                                 ge=0.0)
     qkv: str = _knob("fused", "q,k,v projection: one Dense split by ops.Split (fused), one Dense cut by "
                               "strided slices (fused_slice), or three Dense cells (separate)",
                      choices=["fused", "fused_slice", "separate"])
@@ -151,8 +162,19 @@ class Config:
     steps: int = _knob(300, "optimizer steps", ge=1)
     lr: float = _knob(1e-3, "peak learning rate", gt=0.0, le=1e4)
     warmup: int = _knob(100, "linear LR warm-up in steps", ge=0)
-    schedule: str = _knob("cosine", "LR decay after warm-up", choices=["cosine", "linear", "constant"])
+    schedule: str = _knob("cosine", "LR decay after warm-up: cosine, linear, constant, or wsd (warm-up, stable "
+                                    "at lr, then linear decay to min_lr over the last cooldown_frac of the steps)",
+                          choices=["cosine", "linear", "constant", "wsd"])
+    cooldown_frac: float = _knob(0.2, "schedule=wsd: fraction of the steps spent in the final linear decay",
+                                 gt=0.0, le=1.0)
     min_lr: float = _knob(1e-4, "LR at the end of the decay", ge=0.0)
+    optimizer: str = _knob("adamw", "adamw, or muon: momentum then a Newton–Schulz orthogonalisation of each "
+                                    "hidden 2-D weight's update (the blocks' Dense weights), AdamW (lr, betas) for "
+                                    "the embeddings, norms, biases and head", choices=["adamw", "muon"])
+    muon_lr: float = _knob(0.02, "optimizer=muon: peak learning rate of the Muon weights (the schedule's shape "
+                                 "scales it as it scales lr)", gt=0.0, le=10.0)
+    muon_momentum: float = _knob(0.95, "optimizer=muon: Nesterov momentum of the Muon weights", ge=0.0, le=0.999)
+    muon_ns_steps: int = _knob(5, "optimizer=muon: Newton–Schulz iterations per update (fp32)", ge=1, le=20)
     weight_decay: float = _knob(0.1, "AdamW weight decay on matrices", ge=0.0)
     betas: list[float] = _knob(None, "AdamW betas [beta1, beta2]", default_factory=lambda: [0.9, 0.99])
     eps: float = _knob(1e-8, "AdamW epsilon", gt=0.0)
@@ -360,6 +382,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("data.corpus is empty; name 'tinyshakespeare' or give text file paths")
     _validate_parallel(cfg, cores)
     _validate_device_levers(cfg)
+    _validate_recipe_levers(cfg)
     for cb in cfg.monitor.callbacks:
         if ":" not in cb:
             raise ConfigError(f"monitor.callbacks item {cb!r} must look like 'package.module:factory'")
@@ -428,6 +451,20 @@ def _validate_sources(cfg: Config) -> None:
     if cfg.init_from and cfg.model.build:
         raise ConfigError(f"init_from loads weights into the workbook's model and model.build={cfg.model.build!r} "
                           f"builds your own; drop one of them")
+
+
+def _validate_recipe_levers(cfg: Config) -> None:
+    """The speed-record levers (rotary positions, Muon) against what they need of the model."""
+    m = cfg.model
+    if m.positions == "rope" and (m.d_model // m.n_head) % 2:
+        raise ConfigError(f"model.positions=rope turns pairs of each head's dimensions and the head size "
+                          f"d_model/n_head = {m.d_model // m.n_head} is odd; change the dims or use "
+                          f"model.positions=learned")
+    if m.build and (m.positions != "learned" or m.qk_norm or m.zero_init_proj or m.logit_softcap
+                    or m.mlp == "relu2"):
+        raise ConfigError(f"model.build={m.build!r} is your own network: the workbook's model levers (positions, "
+                          f"qk_norm, zero_init_proj, logit_softcap, mlp=relu2) do not reach it; leave them at "
+                          f"their defaults")
 
 
 def _validate_parallel(cfg: Config, cores: int) -> None:

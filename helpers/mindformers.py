@@ -46,8 +46,10 @@ def _dtype(v: Any) -> dict:
 
 
 def _arch(v: Any) -> dict:
-    archs = {"LlamaConfig": {"model.norm": "rmsnorm", "model.mlp": "swiglu", "model.bias": False},
-             "GPT2Config": {"model.norm": "layernorm", "model.mlp": "gelu_tanh", "model.bias": True}}
+    archs = {"LlamaConfig": {"model.norm": "rmsnorm", "model.mlp": "swiglu", "model.bias": False,
+                             "model.positions": "rope"},
+             "GPT2Config": {"model.norm": "layernorm", "model.mlp": "gelu_tanh", "model.bias": True,
+                            "model.positions": "learned"}}
     if v not in archs:
         raise Refused(f"the workbook maps {' and '.join(archs)}; start from one of those")
     return archs[v]
@@ -85,9 +87,10 @@ NOT_USED = ""
 
 RULES: dict[str, Rule] = {
     # model
-    "model.model_config.type": ("model.norm, model.mlp, model.bias", _arch, "its norm, MLP and biases; LLaMA's rotary "
-                                "positions are learned positions here (model.positions: rope is a later issue), its "
-                                "head is tied to the embedding"),
+    "model.model_config.type": ("model.norm, model.mlp, model.bias, model.positions", _arch,
+                                "its norm, MLP, biases and positions (LLaMA's rotary: model.positions=rope); its "
+                                "head is tied to the embedding here"),
+    "model.model_config.theta": ("model.rope_theta", _set("model.rope_theta", float), ""),
     "model.model_config.seq_length": ("model.seq_len", _set("model.seq_len", int), ""),
     "model.model_config.hidden_size": ("model.d_model", _set("model.d_model", int), ""),
     "model.model_config.num_layers": ("model.n_layer", _set("model.n_layer", int), ""),
@@ -103,8 +106,7 @@ RULES: dict[str, Rule] = {
     "model.model_config.softmax_compute_type": ("fp32_cells", lambda v: {} if v == "float32" else
                                                 {"fp32_cells": ["layernorm"]}, "softmax in fp32 unless float16"),
     "model.model_config.param_init_type": (NOT_USED, _ignore, "the workbook keeps fp32 weights (AMP casts compute)"),
-    "model.model_config.rotary_dtype": (NOT_USED, _ignore, "no rotary positions here: positions are learned (a later "
-                                                           "issue adds model.positions: rope)"),
+    "model.model_config.rotary_dtype": (NOT_USED, _ignore, "the rotary tables are fp32 here"),
     "model.model_config.use_flash_attention": ("model.attention", lambda v: {"model.attention": "flash" if v else
                                                                              "manual"}, "flash = Ascend only"),
     "model.model_config.use_past": (NOT_USED, _off("use_past (the inference KV cache)"), "inference only"),
@@ -201,8 +203,8 @@ UNUSED_KEYS = {
                                                         "do_sample", "batch_size", "is_dynamic")},
     **{f"model.model_config.{k}": "token ids of the tokenizer (the workbook's loss counts every token)"
        for k in ("bos_token_id", "eos_token_id", "pad_token_id", "ignore_token_id")},
-    **{f"model.model_config.{k}": "rotary-position settings: positions are learned here"
-       for k in ("scaling_factor", "extend_method", "theta", "max_position_embedding")},
+    **{f"model.model_config.{k}": "rotary context extension: the workbook's rotary positions cover model.seq_len"
+       for k in ("scaling_factor", "extend_method", "max_position_embedding")},
     **{f"model.model_config.{k}": "an Ascend kernel or layout option" for k in (
         "offset", "qkv_concat", "use_rope_slice", "fine_grain_interleave", "embedding_init_type", "fused_rms_norm",
         "use_fused_rope", "use_fused_swiglu", "parallel_optimizer", "pp_interleave_num")},

@@ -151,7 +151,8 @@ def model_params(m, vocab: int) -> int:
         mlp = 3 * d * hidden
     else:
         mlp = 8 * d * d + bias * 5 * d
-    return vocab * d + m.seq_len * d + m.n_layer * (2 * norm + attn + mlp) + norm
+    positions = m.seq_len * d if m.positions == "learned" else 0  # rotary positions have no table
+    return vocab * d + positions + m.n_layer * (2 * norm + attn + mlp) + norm
 
 
 def config_plan(cfg, vocab: int = 0) -> tuple[ModelShape, Strategy]:

@@ -23,15 +23,25 @@ if TYPE_CHECKING:
     from helpers.run.step import Stepper
 
 
-def lr_at(cfg: Config, step: int) -> float:
-    """Learning rate for 1-based optimizer step `step`: linear warm-up, then cosine/linear/constant decay."""
+def lr_at(cfg: Config, step: int, peak: float | None = None) -> float:
+    """Learning rate for 1-based optimizer step `step`: linear warm-up, then cosine/linear/constant decay, or wsd
+    (stable at the peak, then a linear decay over the last cooldown_frac of the steps). peak: the peak instead of
+    cfg.lr (Muon's muon_lr), its floor scaled as min_lr is to lr."""
+    top = cfg.lr if peak is None else peak
+    floor = cfg.min_lr if peak is None else cfg.min_lr * peak / cfg.lr
     if cfg.warmup and step <= cfg.warmup:
-        return cfg.lr * step / cfg.warmup
+        return top * step / cfg.warmup
     if cfg.schedule == "constant" or cfg.steps <= cfg.warmup:
-        return cfg.lr
+        return top
+    if cfg.schedule == "wsd":
+        start = max(cfg.warmup, cfg.steps - round(cfg.cooldown_frac * cfg.steps))
+        if step <= start:
+            return top
+        progress = min(1.0, (step - start) / max(1, cfg.steps - start))
+        return floor + (1 - progress) * (top - floor)
     progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
-    return cfg.min_lr + shape * (cfg.lr - cfg.min_lr)
+    return floor + shape * (top - floor)
 
 
 @dataclass
@@ -83,7 +93,7 @@ def build(cfg: Config, prep: Prepared, run_dir: Path, kernels: str, lr_steps: in
     import mindspore as ms
     from helpers.run.data import val_batches
     from helpers.run.model import LossNet, build_model, count_params, flops_per_token
-    from helpers.run.step import Stepper, make_optimizer
+    from helpers.run.step import Stepper, make_muon, make_optimizer
     vocab = model_vocab(cfg, prep)
     backbone = build_model(cfg, vocab, kernels)
     init = _load_init(cfg, backbone)
@@ -93,8 +103,12 @@ def build(cfg: Config, prep: Prepared, run_dir: Path, kernels: str, lr_steps: in
             block.recompute()
     backbone = apply_precision(backbone, cfg)
     loss_net, eval_net = LossNet(backbone, vocab), LossNet(backbone, vocab)
-    optimizer = make_optimizer(backbone, [lr_at(cfg, s) for s in range(1, lr_steps + 1)], cfg.weight_decay,
-                               cfg.betas, cfg.eps)
+    lrs = [lr_at(cfg, s) for s in range(1, lr_steps + 1)]
+    if cfg.optimizer == "muon":
+        optimizer = make_muon(backbone, lrs, [lr_at(cfg, s, cfg.muon_lr) for s in range(1, lr_steps + 1)],
+                              cfg.weight_decay, cfg.betas, cfg.eps, cfg.muon_momentum, cfg.muon_ns_steps)
+    else:
+        optimizer = make_optimizer(backbone, lrs, cfg.weight_decay, cfg.betas, cfg.eps)
     stepper = Stepper(loss_net, optimizer, effective_max_grad_norm(cfg), cfg.loss_scale, cfg.loss_scale_value,
                       cfg.loss_scale_window, cfg.grad_accum_steps, cfg.grad_norm)
     hooks = RunHooks(cfg, run_dir, optimizer)

@@ -4,7 +4,8 @@
 A layout is data (`GPT2`): its tensor names mapped to ours, each with the transform between the two. GPT-2's
 Conv1D stores [in, out] where nn.Dense stores [out, in]; its wpe holds n_positions rows where our `pos` holds
 model.seq_len (the first rows are the ones a shorter context uses). A LLaMA-layout file is recognised and refused:
-it needs rotary positions, which the model does not have. safetensors' NumPy API only: no torch at run time.
+it needs an untied output head and a free SwiGLU width, which the model does not have (its rotary positions, the
+'rotate half' layout of Hugging Face's LLaMA, it has). safetensors' NumPy API only: no torch at run time.
 """
 from __future__ import annotations
 
@@ -63,8 +64,10 @@ GPT2 = Layout(
 )
 
 # Layouts recognised by a name ending, that the model cannot take yet: what it lacks.
-REFUSED = {".self_attn.q_proj.weight": ("LLaMA", "rotary positions (model.positions: rope, which this model does "
-                                                 "not have yet: it has learned positions only)")}
+REFUSED = {".self_attn.q_proj.weight": ("LLaMA", "an output head of its own (lm_head: this model ties its head to the "
+                                                 "token embedding) and the checkpoint's SwiGLU width "
+                                                 "(intermediate_size: this model derives it from d_model); its rotary "
+                                                 "positions are there (model.positions: rope)")}
 
 
 def _to_ours(transform: str, theirs: np.ndarray, seq_len: int) -> np.ndarray:
@@ -238,8 +241,8 @@ def from_ours(params: dict[str, np.ndarray], m: ModelConfig, layout: Layout = GP
     wrong = mismatched(layout, m, {"activation_function": _activation(layout, m.mlp)})
     if wrong or m.mlp not in layout.activations.values():
         raise WeightsError(f"this run's model has no {layout.name} layout: {layout.name} needs model.norm=layernorm, "
-                           f"model.bias=true, fused q,k,v and a GELU MLP (a LLaMA-like model waits for rotary "
-                           f"positions and a LLaMA layout)")
+                           f"model.bias=true, fused q,k,v and a GELU MLP (a LLaMA-like model waits for an untied "
+                           f"head and a LLaMA layout)")
     missing = [ours for ours, _ in expand(layout, m.n_layer).values() if ours not in params]
     if missing:
         raise WeightsError(f"the checkpoint lacks {_listed('', missing)} of the model's parameters; export a "

@@ -129,12 +129,46 @@ def make_norm(cfg: ModelConfig, native: bool) -> nn.Cell:
 
 
 def _dense(d_in: int, d_out: int, bias: bool, std: float, native: bool, bias_op: str = "bias_add") -> nn.Dense:
-    """nn.Dense; with native kernels its BiasAdd (and BiasAddGrad, ≈ 0.2 ms per call on CPU) is the native
-    `bias_op` ('bias_add', or 'bias_gelu' = bias add and exact GELU in one kernel). Same parameters and names."""
-    dense = nn.Dense(d_in, d_out, weight_init=Normal(std), bias_init="zeros", has_bias=bias)
+    """nn.Dense with weights drawn from N(0, std) (std 0: zeros); with native kernels its BiasAdd (and BiasAddGrad,
+    ≈ 0.2 ms per call on CPU) is the native `bias_op` ('bias_add', or 'bias_gelu' = bias add and exact GELU in one
+    kernel). Same parameters and names."""
+    dense = nn.Dense(d_in, d_out, weight_init=Normal(std) if std else "zeros", bias_init="zeros", has_bias=bias)
     if native and bias:
         dense.bias_add = native_ops()[bias_op]  # nn.Dense.construct calls self.bias_add(x, self.bias) on 2-D x
     return dense
+
+
+class Rotary(nn.Cell):
+    """Rotary position embedding in the 'rotate half' layout (GPT-NeoX, Hugging Face LLaMA): dimensions i and
+    i + head/2 of each head turn together by the angle position × theta^(-2i/head). Applied to q and k only, so
+    the score of two positions depends on their distance, and each vector keeps its norm."""
+
+    def __init__(self, head_dim: int, seq_len: int, theta: float):
+        super().__init__()
+        freqs = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+        angles = np.arange(seq_len, dtype=np.float64)[:, None] * freqs[None, :]
+        angles = np.concatenate([angles, angles], axis=-1)[None, None]  # [1, 1, T, head]
+        self.cos = Tensor(np.cos(angles).astype(np.float32))
+        self.sin = Tensor(np.sin(angles).astype(np.float32))
+        self.split = ops.Split(axis=-1, output_num=2)
+        self.concat = ops.Concat(axis=-1)
+
+    def construct(self, x):
+        x1, x2 = self.split(x)
+        return x * self.cos.astype(x.dtype) + self.concat((-x2, x1)) * self.sin.astype(x.dtype)
+
+
+class HeadNorm(nn.Cell):
+    """QK-norm: each head's vector divided by its RMS over the head dimension (no gain)."""
+
+    def __init__(self, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.mean = ops.ReduceMean(keep_dims=True)
+        self.rsqrt = ops.Rsqrt()
+
+    def construct(self, x):
+        return x * self.rsqrt(self.mean(x * x, -1) + self.eps)
 
 
 class CausalSelfAttention(nn.Cell):
@@ -151,6 +185,8 @@ class CausalSelfAttention(nn.Cell):
         else:
             self.q, self.k, self.v = (_dense(d, d, cfg.bias, 0.02, native) for _ in range(3))
         self.proj = _dense(d, d, cfg.bias, proj_std, native)
+        self.rotary = Rotary(self.head_dim, cfg.seq_len, cfg.rope_theta) if cfg.positions == "rope" else None
+        self.qk_norm = HeadNorm() if cfg.qk_norm else None
         self.scores = ops.BatchMatMul(transpose_b=True)
         self.mix = ops.BatchMatMul()
         self.softmax = nn.Softmax(axis=-1)
@@ -183,6 +219,10 @@ class CausalSelfAttention(nn.Cell):
         else:
             q, k, v = self.q(x), self.k(x), self.v(x)
         q, k, v = self._heads(q, b, s), self._heads(k, b, s), self._heads(v, b, s)
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q), self.qk_norm(k)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
         if self.flash:  # scale, causal mask, softmax and the value mix in one fused kernel
             y = ops.flash_attention_score(q, k, v, self.n_head, attn_mask=self.causal_2048, scalar_value=self.scale,
                                           input_layout="BNSD", sparse_mode=2)
@@ -199,17 +239,22 @@ class CausalSelfAttention(nn.Cell):
 
 
 class MLP(nn.Cell):
-    """GELU (exact erf, as nanoGPT; or tanh-approximated, as GPT-2) or SwiGLU feed-forward."""
+    """GELU (exact erf, as nanoGPT; or tanh-approximated, as GPT-2), SwiGLU or ReLU² feed-forward."""
 
     def __init__(self, cfg: ModelConfig, proj_std: float, native: bool):
         super().__init__()
         d = cfg.d_model
         self.swiglu = cfg.mlp == "swiglu"
+        self.relu2 = cfg.mlp == "relu2"
         if self.swiglu:
             hidden = 8 * ((8 * d // 3 + 7) // 8)
             self.gate = _dense(d, hidden, False, 0.02, native)
             self.up = _dense(d, hidden, False, 0.02, native)
             self.act = nn.SiLU()
+        elif self.relu2:
+            hidden = 4 * d
+            self.up = _dense(d, hidden, cfg.bias, 0.02, native)
+            self.act = nn.ReLU()
         elif cfg.dense_act:
             hidden = 4 * d
             self.up = nn.Dense(d, hidden, weight_init=Normal(0.02), bias_init="zeros", has_bias=cfg.bias,
@@ -229,6 +274,9 @@ class MLP(nn.Cell):
     def construct(self, x):
         if self.swiglu:
             h = self.act(self.gate(x)) * self.up(x)
+        elif self.relu2:
+            h = self.act(self.up(x))
+            h = h * h
         else:
             h = self.up(x) if self.act is None else self.act(self.up(x))
         out = self.down(h)
@@ -250,7 +298,9 @@ class Block(nn.Cell):
 
 
 class GPT(nn.Cell):
-    """Token ids [B, T] int32 → logits [B*T, vocab]; lm_head tied to the token embedding (as nanoGPT).
+    """Token ids [B, T] int32 → logits [B*T, vocab]; lm_head tied to the token embedding (as nanoGPT). Positions:
+    a learned table added to the embedding, or rotary in each attention (model.positions); logits soft-capped
+    when model.logit_softcap > 0.
 
     native: the run's resolved kernels choice is native (`kernels.resolve_kernels`, made once per run; this class
     never reads cfg.kernels), else MindSpore's ops.
@@ -260,8 +310,12 @@ class GPT(nn.Cell):
         super().__init__()
         self.vocab_size, self.d_model = vocab_size, cfg.d_model
         self.tok = nn.Embedding(vocab_size, cfg.d_model, embedding_table=Normal(0.02))
-        self.pos = Parameter(initializer(Normal(0.02), (1, cfg.seq_len, cfg.d_model), ms.float32), name="pos")
-        proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
+        self.pos = None
+        if cfg.positions == "learned":
+            self.pos = Parameter(initializer(Normal(0.02), (1, cfg.seq_len, cfg.d_model), ms.float32), name="pos")
+        proj_std = 0.0 if cfg.zero_init_proj else 0.02 / math.sqrt(2 * cfg.n_layer)
+        self.softcap = float(cfg.logit_softcap)
+        self.tanh = ops.Tanh()
         self.blocks = nn.CellList([Block(cfg, proj_std, native) for _ in range(cfg.n_layer)])
         self.norm = make_norm(cfg, native)
         self.head = ops.MatMul(transpose_b=True)
@@ -278,7 +332,8 @@ class GPT(nn.Cell):
 
     def construct(self, idx):
         x = self.tok(idx)
-        x = x + self.pos.astype(x.dtype)
+        if self.pos is not None:
+            x = x + self.pos.astype(x.dtype)
         if self.drop is not None:
             x = self.drop(x)
         for block in self.blocks:
@@ -287,7 +342,10 @@ class GPT(nn.Cell):
         if self.ballast is not None:
             work = self.ballast_sum(self.ballast_mm(x, self.ballast.astype(x.dtype)))
             x = x + self.ballast_zero.astype(x.dtype) * work
-        return self.head(x, self.tok.embedding_table.astype(x.dtype))
+        logits = self.head(x, self.tok.embedding_table.astype(x.dtype))
+        if self.softcap > 0:
+            logits = self.softcap * self.tanh(logits / self.softcap)
+        return logits
 
 
 class Ballast(nn.Cell):
@@ -347,9 +405,9 @@ def count_params(net: nn.Cell) -> int:
 
 
 def flops_per_token(n_params: int, cfg: ModelConfig) -> float:
-    """Training FLOPs per token: 6·N + 12·L·d·T (nanoGPT/PaLM), N without position embeddings.
+    """Training FLOPs per token: 6·N + 12·L·d·T (nanoGPT/PaLM), N without a learned position table.
 
     Recompute's extra forward is not counted (MFU counts useful work only).
     """
-    n = n_params - cfg.seq_len * cfg.d_model
+    n = n_params - (cfg.seq_len * cfg.d_model if cfg.positions == "learned" else 0)
     return 6.0 * n + 12.0 * cfg.n_layer * cfg.d_model * cfg.seq_len

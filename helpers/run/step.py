@@ -165,7 +165,20 @@ def make_optimizer(net: nn.Cell, lrs: list[float], weight_decay: float, betas, e
 
     Decay applies to matrices only (as nanoGPT): norms and biases are not decayed.
     """
-    params = net.trainable_params()
+    return adamw(net.trainable_params(), lrs, weight_decay, betas, eps)
+
+
+def make_muon(net: nn.Cell, lrs: list[float], muon_lrs: list[float], weight_decay: float, betas, eps: float,
+              momentum: float, ns_steps: int) -> nn.Cell:
+    """optimizer=muon (helpers/run/muon.py): Muon on the blocks' 2-D weights with the per-step list `muon_lrs`,
+    AdamW (`make_optimizer`'s) on the rest with `lrs`."""
+    from helpers.run.muon import MuonAdamW
+    return MuonAdamW(net.trainable_params(), lambda rest: adamw(rest, lrs, weight_decay, betas, eps), muon_lrs,
+                     momentum, ns_steps)
+
+
+def adamw(params: list[Parameter], lrs: list[float], weight_decay: float, betas, eps: float) -> nn.Optimizer:
+    """AdamWeightDecay over `params`, decaying the matrices only."""
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [g for g in ({"params": decay, "weight_decay": weight_decay},

@@ -28,7 +28,7 @@ TIME_TO_TARGET = "time_to_target"
 OBJECTIVES = ("speed", "convergence", TIME_TO_TARGET)
 # The recipe: what a time-to-target round may change together (the schedule's length, steps, included: the
 # comparison is in wall seconds to a val loss, not at equal steps or tokens).
-RECIPE = ("lr", "warmup", "steps", "schedule", "min_lr", "batch_size", "grad_accum_steps")
+RECIPE = ("lr", "warmup", "steps", "schedule", "cooldown_frac", "min_lr", "batch_size", "grad_accum_steps")
 
 
 def eval_curve(run: RunRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

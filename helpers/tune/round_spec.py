@@ -25,6 +25,8 @@ GROUPS = (
     frozenset({"amp_level", "amp_dtype"}),
     # jit_level means the compile level in graph mode but "wrap the step in ms.jit or not" in PyNative.
     frozenset({"mode", "jit_level"}),
+    # The trapezoid schedule's cool-down length means nothing under another schedule.
+    frozenset({"schedule", "cooldown_frac"}),
 )
 # Held fixed so candidate and reference runs cover the same steps, data order and steady window.
 FIXED = ("steps", "seed", "steady_after", "resume_from")

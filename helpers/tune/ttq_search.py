@@ -20,8 +20,10 @@ One bracket, repeated while the budget allows (successive halving with two rungs
                 round moves the best; the next arms are compared against it.
 The budget is checked before every run from measured times: an arm is screened only while one round still fits
 after it at its cap (at least two must fit at `cap`, else the first arm goes straight to a round). Arms = the recipe
-grid around the best (`recipe_arms`: lr, warm-up, schedule length, min_lr, global batch, changed together) and the
-first speed levers the bottleneck diagnosis orders (`autotune.candidates`). Each screened arm is a ledger note
+grid around the best (`recipe_arms`: lr, warm-up, schedule length, min_lr, global batch, changed together), the
+speed-record levers (`ttq_levers`: Muon, rotary positions, ReLU², QK-norm, zero-initialised projections, the
+trapezoid schedule, a logit soft-cap; one group each) and the first speed levers the bottleneck diagnosis orders
+(`autotune.candidates`). Each screened arm is a ledger note
 (decision promoted/dropped) whose `why` and `reasoning` give its numbers, its cap and its rank; an arm the budget
 left out is a "not screened" note (tried again when the workbook continues); each round's entry says why it ran.
 An arm that did not reach the target is written "did not reach", never a time. Screening runs live in
@@ -47,6 +49,7 @@ from helpers.tune.convergence import RECIPE, TIME_TO_TARGET, eval_curve, time_to
 from helpers.tune.diagnose import diagnose
 from helpers.tune.ledger import RoundError
 from helpers.tune.rounds import Workbook
+from helpers.tune.ttq_levers import lever_arms
 
 CAP_MARGIN = 1.1  # run-to-run wall time drifts ±10% on the shared machine: an arm within that of the best may tie
 DEFAULT_OVERHEAD_S = 3.0  # per run outside its elapsed_s (the parent's launch, the child's exit) until measured
@@ -118,15 +121,15 @@ def _run_wall_s(run: RunRecord) -> float:
 
 def _arms(wb: Workbook, best_cfg: Config, best: list[RunRecord], result: AutotuneResult,
           log: Callable[[str], None]) -> list[Candidate]:
-    """Untried arms the config accepts: the recipe grid, then the first SPEED_ARMS speed levers. A refused
-    candidate is a skipped note (never run)."""
+    """Untried arms the config accepts: the recipe grid, the speed-record levers (`ttq_levers`), then the first
+    SPEED_ARMS speed levers. A refused candidate is a skipped note (never run)."""
     diag = diagnose(median_run(best))
     speed = [c for c in candidates(best_cfg, diag)[0] if not set(c.changes) & set(RECIPE)]
     tried = tried_changes(wb.ledger())
-    out = []
-    for cand in [*recipe_arms(best_cfg), *speed]:
-        if cand.key() in tried or len([c for c in out if c.family != "recipe"]) >= SPEED_ARMS > 0 and \
-                cand.family != "recipe":
+    out, speed_taken = [], 0
+    for cand in [*recipe_arms(best_cfg), *lever_arms(best_cfg), *speed]:
+        is_speed = any(cand is s for s in speed)
+        if cand.key() in tried or is_speed and speed_taken >= SPEED_ARMS:
             continue
         try:
             wb.candidate(cand.name, cand.changes, TIME_TO_TARGET)
@@ -134,6 +137,7 @@ def _arms(wb: Workbook, best_cfg: Config, best: list[RunRecord], result: Autotun
             note_refused(wb, cand, best_cfg, exc, result, log)
             continue
         out.append(cand)
+        speed_taken += is_speed
     return out
 
 

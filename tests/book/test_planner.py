@@ -8,9 +8,10 @@ from helpers.book.planner import model_params
 from helpers.config import from_dict
 
 
-@pytest.mark.parametrize("knobs", [{}, {"mlp": "swiglu", "norm": "rmsnorm", "bias": False},
-                                   {"mlp": "gelu_tanh", "bias": False}, {"mlp": "swiglu", "d_model": 96}],
-                         ids=["gpt", "llama", "gelu_tanh_no_bias", "swiglu_d96"])
+@pytest.mark.parametrize("knobs", [{}, {"mlp": "swiglu", "norm": "rmsnorm", "bias": False, "positions": "rope"},
+                                   {"mlp": "gelu_tanh", "bias": False}, {"mlp": "swiglu", "d_model": 96},
+                                   {"mlp": "relu2", "qk_norm": True, "logit_softcap": 30.0}],
+                         ids=["gpt", "llama", "gelu_tanh_no_bias", "swiglu_d96", "relu2_levers"])
 def test_model_params_is_what_the_model_builds(knobs):
     import mindspore as ms
     from helpers.run.model import GPT, count_params

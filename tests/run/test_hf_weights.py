@@ -138,11 +138,11 @@ def _refusal(tmp_path, tensors, m=None, settings=None) -> str:
     return message
 
 
-def test_llama_layout_is_refused_naming_rotary_positions(tmp_path):
+def test_llama_layout_is_refused_naming_what_the_model_lacks(tmp_path):
     llama = {"model.embed_tokens.weight": np.zeros((VOCAB, D), np.float32),
              "model.layers.0.self_attn.q_proj.weight": np.zeros((D, D), np.float32)}
     message = _refusal(tmp_path, llama)
-    assert "LLaMA-layout" in message and "rotary positions" in message and "model.positions: rope" in message
+    assert "LLaMA-layout" in message and "lm_head" in message and "intermediate_size" in message
 
 
 def test_key_and_shape_mismatches_are_listed_in_one_line(tmp_path):

@@ -201,3 +201,17 @@ def test_autotune_time_to_target_explains_every_arm(tmp_path, small_corpus):
         assert e["objective"] == "time_to_target" and e["why"].startswith("Round for ")
     assert entries[-1]["decision"] == "stop" and result.stop_reason in entries[-1]["why"]
     assert result.elapsed_s <= 1.6 * 60 * 1.5  # plans only what fits; one run may overrun its estimate
+
+
+def test_the_speed_record_levers_are_tuner_arms_each_one_declared_group(small_corpus):
+    from helpers.tune.round_spec import candidate
+    from helpers.tune.ttq_levers import LEVERS, lever_arms
+    cfg = from_dict(tiny(small_corpus))
+    arms = lever_arms(cfg)
+    assert [a.name for a in arms] == [name for name, *_ in LEVERS]
+    assert {a.family for a in arms} == {"optimizer", "architecture", "recipe"}
+    for arm in arms:  # each is a valid time-to-target round on the best, refused nowhere on this CPU
+        cand, moved = candidate(cfg, arm.name, arm.changes, "time_to_target")
+        assert set(moved) == set(arm.changes) and arm.why
+    with_rope = from_dict(tiny(small_corpus, **{"model": {"preset": "tiny", "positions": "rope"}}))
+    assert "positions_rope" not in [a.name for a in lever_arms(with_rope)]  # already in the best: not an arm
