@@ -224,10 +224,10 @@ def cmd_autotune(args) -> int:
 
 
 def cmd_export(args) -> int:
-    """A run's model (its last checkpoint, or a .ckpt) → a Hugging Face GPT-2-layout folder."""
+    """A run's model (its last checkpoint, or a .ckpt) → a Hugging Face GPT-2- or LLaMA-layout folder."""
     from helpers.run.hf_weights import export_checkpoint
     ckpt, written = export_checkpoint(args.source, args.out)
-    print(f"{ckpt} → {written} (GPT-2 layout, with config.json); start a run from it with --set init_from={args.out}")
+    print(f"{ckpt} → {written} (Hugging Face layout, with config.json); start a run from it with --set init_from={args.out}")
     return 0
 
 

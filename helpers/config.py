@@ -59,6 +59,11 @@ class ModelConfig:
                                         "block starts as the identity")
     logit_softcap: float = _knob(0.0, "soft-cap the output logits at ±cap: cap·tanh(logits/cap); 0 = off",
                                  ge=0.0)
+    tie_head: bool = _knob(True, "output head tied to the token embedding (nanoGPT, GPT-2); false = a head weight "
+                                 "of its own (LLaMA)")
+    mlp_hidden: int = _knob(0, "feed-forward width; 0 = 4·d_model (SwiGLU: 8/3·d_model rounded up to a multiple "
+                               "of 8)", ge=0)
+    rms_eps: float = _knob(1e-6, "RMSNorm epsilon (model.norm=rmsnorm)", gt=0.0, le=0.1)
     qkv: str = _knob("fused", "q,k,v projection: one Dense split by ops.Split (fused), one Dense cut by "
                               "strided slices (fused_slice), or three Dense cells (separate)",
                      choices=["fused", "fused_slice", "separate"])
@@ -86,6 +91,13 @@ class ModelConfig:
     ballast_every: int = _knob(0, "test-only: run the ballast only in every k-th step, as its own MatMul outside the "
                                   "step's graph (an intermittent cost of known size for bench.py validity; none while "
                                   "model.ballast is 0); 0 = inside every step's graph", ge=0)
+
+    @property
+    def ffn_hidden(self) -> int:
+        """The feed-forward width: mlp_hidden, or 4·d_model (SwiGLU: 8/3·d_model rounded up to a multiple of 8)."""
+        if self.mlp_hidden:
+            return self.mlp_hidden
+        return 8 * ((8 * self.d_model // 3 + 7) // 8) if self.mlp == "swiglu" else 4 * self.d_model
 
 
 @dataclass
@@ -461,10 +473,10 @@ def _validate_recipe_levers(cfg: Config) -> None:
                           f"d_model/n_head = {m.d_model // m.n_head} is odd; change the dims or use "
                           f"model.positions=learned")
     if m.build and (m.positions != "learned" or m.qk_norm or m.zero_init_proj or m.logit_softcap
-                    or m.mlp == "relu2"):
+                    or m.mlp == "relu2" or not m.tie_head or m.mlp_hidden):
         raise ConfigError(f"model.build={m.build!r} is your own network: the workbook's model levers (positions, "
-                          f"qk_norm, zero_init_proj, logit_softcap, mlp=relu2) do not reach it; leave them at "
-                          f"their defaults")
+                          f"qk_norm, zero_init_proj, logit_softcap, mlp=relu2, tie_head, mlp_hidden) do not reach "
+                          f"it; leave them at their defaults")
 
 
 def _validate_parallel(cfg: Config, cores: int) -> None:

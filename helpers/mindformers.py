@@ -47,9 +47,9 @@ def _dtype(v: Any) -> dict:
 
 def _arch(v: Any) -> dict:
     archs = {"LlamaConfig": {"model.norm": "rmsnorm", "model.mlp": "swiglu", "model.bias": False,
-                             "model.positions": "rope"},
+                             "model.positions": "rope", "model.tie_head": False},
              "GPT2Config": {"model.norm": "layernorm", "model.mlp": "gelu_tanh", "model.bias": True,
-                            "model.positions": "learned"}}
+                            "model.positions": "learned", "model.tie_head": True}}
     if v not in archs:
         raise Refused(f"the workbook maps {' and '.join(archs)}; start from one of those")
     return archs[v]
@@ -87,9 +87,9 @@ NOT_USED = ""
 
 RULES: dict[str, Rule] = {
     # model
-    "model.model_config.type": ("model.norm, model.mlp, model.bias, model.positions", _arch,
-                                "its norm, MLP, biases and positions (LLaMA's rotary: model.positions=rope); its "
-                                "head is tied to the embedding here"),
+    "model.model_config.type": ("model.norm, model.mlp, model.bias, model.positions, model.tie_head", _arch,
+                                "its norm, MLP, biases, positions and head (LLaMA: rotary positions, a head of its "
+                                "own)"),
     "model.model_config.theta": ("model.rope_theta", _set("model.rope_theta", float), ""),
     "model.model_config.seq_length": ("model.seq_len", _set("model.seq_len", int), ""),
     "model.model_config.hidden_size": ("model.d_model", _set("model.d_model", int), ""),
@@ -110,11 +110,14 @@ RULES: dict[str, Rule] = {
     "model.model_config.use_flash_attention": ("model.attention", lambda v: {"model.attention": "flash" if v else
                                                                              "manual"}, "flash = Ascend only"),
     "model.model_config.use_past": (NOT_USED, _off("use_past (the inference KV cache)"), "inference only"),
-    "model.model_config.multiple_of": (NOT_USED, _ignore, "SwiGLU hidden here is 8·⌈8d/3/8⌉ (10,928 at d 4096; "
-                                                          "MindFormers 11,008)"),
-    "model.model_config.intermediate_size": (NOT_USED, _ignore, "SwiGLU hidden here is 8·⌈8d/3/8⌉"),
-    "model.model_config.ffn_dim_multiplier": (NOT_USED, _ignore, "SwiGLU hidden here is 8·⌈8d/3/8⌉"),
-    "model.model_config.rms_norm_eps": (NOT_USED, _ignore, "RMSNorm eps is 1e-6 here"),
+    "model.model_config.multiple_of": ("model.mlp_hidden", _set("mf.multiple_of", int),
+                                       "LLaMA's SwiGLU width: ⌈(2/3·4·hidden_size × ffn_dim_multiplier) / multiple_of⌉ "
+                                       "× multiple_of, unless intermediate_size names it"),
+    "model.model_config.intermediate_size": ("model.mlp_hidden", lambda v: {} if v is None else
+                                             {"model.mlp_hidden": int(v)}, ""),
+    "model.model_config.ffn_dim_multiplier": ("model.mlp_hidden", lambda v: {} if v is None else
+                                              {"mf.ffn_dim_multiplier": float(v)}, "see multiple_of"),
+    "model.model_config.rms_norm_eps": ("model.rms_eps", _set("model.rms_eps", float), ""),
     "model.model_config.checkpoint_name_or_path": (NOT_USED, _ignore, "weights come in through init_from "
                                                                       "(Hugging Face safetensors)"),
     "model.arch.type": (NOT_USED, _ignore, "the workbook's decoder (helpers/run/model.py)"),
@@ -329,6 +332,10 @@ def _derived(raw: dict) -> dict:
         out.update({"data.format": "mindrecord", "data.corpus": [raw["mf.dataset_dir"]]})
     if "mf.workers" in raw:
         out["data.num_parallel_workers"] = max(1, min(raw["mf.workers"], os.cpu_count() or 1))
+    if "mf.multiple_of" in raw and "model.mlp_hidden" not in out and out.get("model.mlp") == "swiglu":
+        width = int(2 * 4 * out.get("model.d_model", from_dict({}).model.d_model) / 3)
+        width = int(raw.get("mf.ffn_dim_multiplier", 1.0) * width)
+        out["model.mlp_hidden"] = raw["mf.multiple_of"] * -(-width // raw["mf.multiple_of"])
     if any(k.startswith("model.") for k in out):
         out["model.preset"] = "custom"
     return out
@@ -381,6 +388,7 @@ CPU_TRYOUT: dict[str, tuple[Any, str]] = {
     "model.attention": ("manual", "flash attention is Ascend only"),
     "amp_dtype": (lambda v: "fp16" if v == "bf16" else v, "bf16 does not run on CPU"),
     "model.vocab_size": (0, "the workbook tokenizer's vocabulary"),
+    "model.mlp_hidden": (0, "the preset's own feed-forward width"),
     "data.format": ("text", "the workbook's corpus"),
     "data.corpus": (["tinyshakespeare"], "the workbook's corpus"),
 }

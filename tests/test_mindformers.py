@@ -103,7 +103,7 @@ def test_cli_writes_the_config_prints_the_table_and_refuses_in_one_line(tmp_path
     proc = run_cli("import-config", str(EXAMPLE), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "runner_config.batch_size" in proc.stdout and "not used here" in proc.stdout
-    assert "planner estimate at full size: 6.58 B parameters" in proc.stdout and "DP 8, micro-batch 4" in proc.stdout
+    assert "planner estimate at full size: 6.74 B parameters" in proc.stdout and "DP 8, micro-batch 4" in proc.stdout
     assert load_config(out) == from_dict(import_mindformers(recipe).config)
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**recipe, "parallel_config": {"pipeline_stage": 2}}))

@@ -43,14 +43,14 @@ def tryout_config(imported: Imported, preset: str, steps: int, corpus: str, batc
 
 
 def from_weights(cfg: Config, weights: str | Path) -> Config:
-    """cfg starting from a Hugging Face GPT-2-layout checkpoint: its dims and knobs (`hf_weights.model_settings`)
+    """cfg starting from a Hugging Face GPT-2- or LLaMA-layout checkpoint: its dims and knobs (`hf_weights.model_settings`)
     and init_from."""
     from helpers.run.hf_weights import model_settings
     return with_changes(cfg, {**model_settings(weights), "init_from": str(weights)})
 
 
 def export_weights(run_dir: str | Path, folder: str | Path) -> Path:
-    """A run's model (its last checkpoint) written to `folder` as Hugging Face GPT-2 safetensors + config.json."""
+    """A run's model (its last checkpoint) written to `folder` as Hugging Face safetensors (its layout) + config.json."""
     from helpers.run.hf_weights import export_checkpoint
     export_checkpoint(run_dir, folder)
     return Path(folder)

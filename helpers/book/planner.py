@@ -146,13 +146,14 @@ def model_params(m, vocab: int) -> int:
     norm = 2 * d if m.norm == "layernorm" else d  # nn.LayerNorm always has a bias; RMSNorm a weight only
     bias = 1 if m.bias else 0
     attn = 4 * d * d + bias * 4 * d
+    hidden = m.ffn_hidden
     if m.mlp == "swiglu":
-        hidden = 8 * ((8 * d // 3 + 7) // 8)
         mlp = 3 * d * hidden
     else:
-        mlp = 8 * d * d + bias * 5 * d
+        mlp = 2 * d * hidden + bias * (hidden + d)
     positions = m.seq_len * d if m.positions == "learned" else 0  # rotary positions have no table
-    return vocab * d + positions + m.n_layer * (2 * norm + attn + mlp) + norm
+    head = 0 if m.tie_head else vocab * d
+    return vocab * d + head + positions + m.n_layer * (2 * norm + attn + mlp) + norm
 
 
 def config_plan(cfg, vocab: int = 0) -> tuple[ModelShape, Strategy]:

@@ -1,11 +1,12 @@
-"""Hugging Face weights in and out of the workbook's model: a GPT-2-layout safetensors checkpoint loaded into
-`model.GPT` (`init_from`), and the model written back in that layout (`python -m helpers export`).
+"""Hugging Face weights in and out of the workbook's model: a GPT-2- or LLaMA-layout safetensors checkpoint loaded
+into `model.GPT` (`init_from`), and the model written back in its layout (`python -m helpers export`).
 
-A layout is data (`GPT2`): its tensor names mapped to ours, each with the transform between the two. GPT-2's
-Conv1D stores [in, out] where nn.Dense stores [out, in]; its wpe holds n_positions rows where our `pos` holds
-model.seq_len (the first rows are the ones a shorter context uses). A LLaMA-layout file is recognised and refused:
-it needs an untied output head and a free SwiGLU width, which the model does not have (its rotary positions, the
-'rotate half' layout of Hugging Face's LLaMA, it has). safetensors' NumPy API only: no torch at run time.
+A layout is data (`GPT2`, `LLAMA`): its tensor names mapped to ours, each with the transform between the two, the
+model settings it needs, and its config.json keys that name our settings. GPT-2's Conv1D stores [in, out] where
+nn.Dense stores [out, in]; its wpe holds n_positions rows where our `pos` holds model.seq_len (the first rows are
+the ones a shorter context uses). LLaMA's Linear weights are [out, in] as ours; Hugging Face stores its q/k rows in
+the 'rotate half' order that `model.positions: rope` uses, so no permutation is needed; its head is untied
+(`model.tie_head: false`) unless tie_word_embeddings says otherwise. safetensors' NumPy API only: no torch.
 """
 from __future__ import annotations
 
@@ -26,19 +27,27 @@ class WeightsError(ConfigError):
 
 @dataclass(frozen=True)
 class Layout:
-    """A checkpoint layout. tensors: their name ({i} = block index) → (our parameter name, transform); prefix: an
-    optional leading part of their names; ignored: name endings that are buffers, not weights; tied_head: their
-    output-layer name, which must equal the token embedding (our head is tied to it)."""
+    """A checkpoint layout. marker: a name ending only this layout has; tensors: their name ({i} = block index) →
+    (our parameter name, transform); model: the workbook settings the model needs for it (a tuple: any of those
+    values, the first one suggested); settings: their
+    config.json key → our key; prefix: an optional leading part of their names; ignored: name endings that are
+    buffers, not weights; head / embedding: their output-layer and token-embedding names (a tied model takes a head
+    equal to the embedding, an untied one maps it to `head_weight`); activations: config.json activation → model.mlp."""
     name: str
+    marker: str
     tensors: dict[str, tuple[str, str]]
+    model: dict[str, object]
+    settings: dict[str, str]
     prefix: str = ""
     ignored: tuple[str, ...] = ()
-    tied_head: str = ""
-    activations: dict[str, str] = field(default_factory=dict)  # config.json activation_function → model.mlp
+    head: str = "lm_head.weight"
+    embedding: str = ""
+    activations: dict[str, str] = field(default_factory=dict)
 
 
 GPT2 = Layout(
     name="GPT-2",
+    marker="attn.c_attn.weight",
     tensors={
         "wte.weight": ("tok.embedding_table", "same"),
         "wpe.weight": ("pos", "positions"),
@@ -57,17 +66,43 @@ GPT2 = Layout(
         "ln_f.weight": ("norm.gamma", "same"),
         "ln_f.bias": ("norm.beta", "same"),
     },
+    model={"model.norm": "layernorm", "model.bias": True, "model.qkv": ("fused", "fused_slice"),
+           "model.positions": "learned", "model.tie_head": True},
+    settings={"n_layer": "model.n_layer", "n_head": "model.n_head", "n_embd": "model.d_model",
+              "vocab_size": "model.vocab_size"},
     prefix="transformer.",
     ignored=(".attn.bias", ".attn.masked_bias"),  # causal-mask buffers that older GPT-2 files carry
-    tied_head="lm_head.weight",
+    embedding="wte.weight",
     activations={"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"},
 )
 
-# Layouts recognised by a name ending, that the model cannot take yet: what it lacks.
-REFUSED = {".self_attn.q_proj.weight": ("LLaMA", "an output head of its own (lm_head: this model ties its head to the "
-                                                 "token embedding) and the checkpoint's SwiGLU width "
-                                                 "(intermediate_size: this model derives it from d_model); its rotary "
-                                                 "positions are there (model.positions: rope)")}
+LLAMA = Layout(
+    name="LLaMA",
+    marker="self_attn.q_proj.weight",
+    tensors={
+        "embed_tokens.weight": ("tok.embedding_table", "same"),
+        "layers.{i}.input_layernorm.weight": ("blocks.{i}.norm1.weight", "same"),
+        "layers.{i}.self_attn.q_proj.weight": ("blocks.{i}.attn.q.weight", "same"),
+        "layers.{i}.self_attn.k_proj.weight": ("blocks.{i}.attn.k.weight", "same"),
+        "layers.{i}.self_attn.v_proj.weight": ("blocks.{i}.attn.v.weight", "same"),
+        "layers.{i}.self_attn.o_proj.weight": ("blocks.{i}.attn.proj.weight", "same"),
+        "layers.{i}.post_attention_layernorm.weight": ("blocks.{i}.norm2.weight", "same"),
+        "layers.{i}.mlp.gate_proj.weight": ("blocks.{i}.mlp.gate.weight", "same"),
+        "layers.{i}.mlp.up_proj.weight": ("blocks.{i}.mlp.up.weight", "same"),
+        "layers.{i}.mlp.down_proj.weight": ("blocks.{i}.mlp.down.weight", "same"),
+        "norm.weight": ("norm.weight", "same"),
+    },
+    model={"model.norm": "rmsnorm", "model.bias": False, "model.qkv": "separate", "model.positions": "rope",
+           "model.mlp": "swiglu"},
+    settings={"num_hidden_layers": "model.n_layer", "num_attention_heads": "model.n_head",
+              "hidden_size": "model.d_model", "vocab_size": "model.vocab_size", "intermediate_size": "model.mlp_hidden",
+              "rms_norm_eps": "model.rms_eps", "rope_theta": "model.rope_theta",
+              "tie_word_embeddings": "model.tie_head"},
+    prefix="model.",
+    ignored=("rotary_emb.inv_freq",),
+    embedding="embed_tokens.weight",
+)
+LAYOUTS = (GPT2, LLAMA)
 
 
 def _to_ours(transform: str, theirs: np.ndarray, seq_len: int) -> np.ndarray:
@@ -86,12 +121,14 @@ def _to_theirs(transform: str, ours: np.ndarray) -> np.ndarray:
     return ours
 
 
-def expand(layout: Layout, n_layer: int) -> dict[str, tuple[str, str]]:
-    """The layout's table for `n_layer` blocks: their name → (our name, transform)."""
+def expand(layout: Layout, n_layer: int, tie_head: bool = True) -> dict[str, tuple[str, str]]:
+    """The layout's table for `n_layer` blocks: their name → (our name, transform); an untied model's head too."""
     out = {}
     for theirs, (ours, transform) in layout.tensors.items():
         for i in range(n_layer) if "{i}" in theirs else [0]:
             out[theirs.format(i=i)] = (ours.format(i=i), transform)
+    if not tie_head:
+        out[layout.head] = ("head_weight", "same")
     return out
 
 
@@ -129,78 +166,113 @@ def file_settings(path: str | Path) -> dict:
         return {}
 
 
-# config.json keys of a GPT-2 checkpoint → the workbook keys that must match them.
-SETTINGS = {"n_layer": "model.n_layer", "n_head": "model.n_head", "n_embd": "model.d_model",
-            "vocab_size": "model.vocab_size"}
+def names_of(path: str | Path) -> list[str]:
+    """The tensor names of the checkpoint at `path` (a file or a folder of them), read without loading them."""
+    from safetensors import safe_open
+    names: list[str] = []
+    for file in _files(Path(path)):
+        try:
+            with safe_open(str(file), framework="np") as fh:
+                names += list(fh.keys())
+        except Exception as exc:  # noqa: BLE001  safetensors' own error types
+            raise WeightsError(f"cannot read {str(file)!r} as safetensors ({str(exc).splitlines()[0]}); pass an "
+                               f"uncorrupted .safetensors file") from None
+    return names
 
 
-def model_settings(path: str | Path, layout: Layout = GPT2) -> dict:
-    """The workbook settings a GPT-2 checkpoint needs (dims from its config.json when present, activation, norm,
-    biases, fused q,k,v), as {dotted key: value} for `config.with_changes`."""
-    settings = file_settings(path)
-    act = settings.get("activation_function", "gelu_new")
-    out = {ours: settings[theirs] for theirs, ours in SETTINGS.items() if theirs in settings}
-    return {**out, "model.preset": "custom", "model.norm": "layernorm", "model.bias": True, "model.qkv": "fused",
-            "model.mlp": layout.activations.get(act, act)}
+def _file_model(layout: Layout, settings: dict) -> dict:
+    """The workbook settings the file's config.json names (GPT-2's activation → model.mlp, then dims and knobs)."""
+    out = {}
+    if layout.activations:
+        act = settings.get("activation_function", "gelu_new")
+        out["model.mlp"] = layout.activations.get(act, act)
+    out.update({ours: settings[theirs] for theirs, ours in layout.settings.items() if theirs in settings})
+    return out
+
+
+def model_settings(path: str | Path) -> dict:
+    """The workbook settings a checkpoint needs (its layout's fixed knobs, then the dims and knobs its config.json
+    names), as {dotted key: value} for `config.with_changes`."""
+    names = names_of(path)
+    layout = layout_of(names, str(path))
+    fixed = {k: v[0] if isinstance(v, tuple) else v for k, v in layout.model.items()}
+    out = {"model.preset": "custom", **fixed, **_file_model(layout, file_settings(path))}
+    if layout is LLAMA and "model.tie_head" not in out:  # no config.json: a head of its own when the file has one
+        out["model.tie_head"] = not any(n.endswith(layout.head) for n in names)
+    return out
 
 
 def layout_of(names: list[str], where: str) -> Layout:
-    """GPT2 when the names are GPT-2's; a one-line WeightsError for a layout the model cannot take or does not know."""
-    for ending, (layout, lacks) in REFUSED.items():
-        if any(n.endswith(ending) for n in names):
-            raise WeightsError(f"init_from={where!r} is a {layout}-layout checkpoint, which needs {lacks}; "
-                               f"use a GPT-2-layout checkpoint")
-    if not any(n.endswith("attn.c_attn.weight") for n in names):
-        raise WeightsError(f"init_from={where!r} is in no layout the workbook knows (names such as "
-                           f"{', '.join(sorted(names)[:3])}); pass a GPT-2-layout checkpoint (wte, h.N.attn.c_attn, …)")
-    return GPT2
+    """The layout whose marker the names carry; a one-line WeightsError for one the workbook does not know."""
+    for layout in LAYOUTS:
+        if any(n.endswith(layout.marker) for n in names):
+            return layout
+    raise WeightsError(f"init_from={where!r} is in no layout the workbook knows (names such as "
+                       f"{', '.join(sorted(names)[:3])}); pass a GPT-2-layout (wte, h.N.attn.c_attn, …) or "
+                       f"LLaMA-layout (model.embed_tokens, model.layers.N.self_attn.q_proj, …) checkpoint")
+
+
+def _refuse_unsupported(layout: Layout, settings: dict, where: str) -> None:
+    """What a LLaMA config.json may ask that the model cannot do: grouped k,v heads, a scaled rotary context."""
+    kv, heads = settings.get("num_key_value_heads"), settings.get("num_attention_heads")
+    if kv is not None and heads is not None and kv != heads:
+        raise WeightsError(f"init_from={where!r} uses grouped-query attention (num_key_value_heads={kv} < "
+                           f"num_attention_heads={heads}), which the workbook's model does not have; use a "
+                           f"checkpoint with one k,v head per q head")
+    if settings.get("rope_scaling"):
+        raise WeightsError(f"init_from={where!r} stretches its rotary context (rope_scaling="
+                           f"{settings['rope_scaling']}), which model.positions=rope does not; use an unscaled "
+                           f"checkpoint")
 
 
 def mismatched(layout: Layout, m: ModelConfig, settings: dict) -> list[str]:
-    """The settings (key=value) the model must change to match a GPT-2 checkpoint whose config.json holds
-    `settings` (its activation and heads, when present); [] when it matches."""
-    act = settings.get("activation_function", "gelu_new")
-    wanted = {"model.norm": "layernorm", "model.bias": True, "model.mlp": layout.activations.get(act, act)}
-    if "n_head" in settings:
-        wanted["model.n_head"] = settings["n_head"]
-    have = {"model.norm": m.norm, "model.bias": m.bias, "model.mlp": m.mlp, "model.n_head": m.n_head}
-    wrong = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in wanted.items() if have[k] != v]
-    if m.qkv == "separate":
-        wrong.append("model.qkv=fused")
+    """The settings (key=value) the model must change to match a checkpoint of `layout` whose config.json holds
+    `settings`; [] when it matches. Dims the weights' shapes check are left to `to_ours`."""
+    wanted = {**layout.model, **_file_model(layout, settings)}
+    for key in ("model.d_model", "model.n_layer", "model.vocab_size"):
+        wanted.pop(key, None)
+    wrong = []
+    for key, want in wanted.items():
+        have = m.ffn_hidden if key == "model.mlp_hidden" else getattr(m, key.split(".", 1)[1])
+        if have not in (want if isinstance(want, tuple) else (want,)):
+            value = want[0] if isinstance(want, tuple) else want
+            wrong.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
     return wrong
 
 
 def check_model(layout: Layout, m: ModelConfig, settings: dict, where: str) -> None:
     """One WeightsError line naming the settings to change when the model does not match the checkpoint."""
+    _refuse_unsupported(layout, settings, where)
     wrong = mismatched(layout, m, settings)
     if wrong:
-        act = settings.get("activation_function", "gelu_new")
-        raise WeightsError(f"init_from={where!r} is a {layout.name} checkpoint (activation {act}); the model must "
-                           f"match it: set {' '.join(wrong)}")
+        what = f" (activation {settings.get('activation_function', 'gelu_new')})" if layout.activations else ""
+        raise WeightsError(f"init_from={where!r} is a {layout.name} checkpoint{what}; the model must match it: set "
+                           f"{' '.join(wrong)}")
 
 
-def to_ours(tensors: dict[str, np.ndarray], layout: Layout, expected: dict[str, tuple], seq_len: int, n_layer: int,
+def to_ours(tensors: dict[str, np.ndarray], layout: Layout, expected: dict[str, tuple], m: ModelConfig,
             where: str) -> dict[str, np.ndarray]:
     """Their tensors as our parameters (float32), checked against `expected` (our name → shape); a key or shape
     mismatch is one line listing them."""
-    table = expand(layout, n_layer)
+    table = expand(layout, m.n_layer, m.tie_head)
     named = {k.removeprefix(layout.prefix): v for k, v in tensors.items() if not k.endswith(layout.ignored)}
-    head = named.pop(layout.tied_head, None)
-    if head is not None and ("wte.weight" not in named or not np.array_equal(head, named["wte.weight"])):
-        raise WeightsError(f"init_from={where!r} has an output layer ({layout.tied_head}) that differs from its token "
-                           f"embedding; the workbook's head is tied to the embedding, so it cannot take an untied one")
+    if m.tie_head:
+        head = named.pop(layout.head, None)
+        if head is not None and (layout.embedding not in named or not np.array_equal(head, named[layout.embedding])):
+            raise WeightsError(f"init_from={where!r} has an output layer ({layout.head}) that differs from its token "
+                               f"embedding and the model ties its head to the embedding; set model.tie_head=false")
     unknown, missing = sorted(set(named) - set(table)), sorted(set(table) - set(named))
     ours, shapes = {}, []
     for theirs, (name, transform) in table.items():
         if theirs not in named:
             continue
-        value = _to_ours(transform, named[theirs], seq_len).astype(np.float32)
+        value = _to_ours(transform, named[theirs], m.seq_len).astype(np.float32)
         if value.shape != tuple(expected[name]):
             shapes.append(f"{theirs} {tuple(named[theirs].shape)} → {name} needs {tuple(expected[name])}")
         ours[name] = value
     if unknown or missing or shapes:
-        raise WeightsError(f"init_from={where!r} does not fit the model ({layout.name} layout, model.n_layer={n_layer}): "
-                           f"key mismatch: {_listed('unknown', unknown)}, {_listed('missing', missing)}; "
+        raise WeightsError(f"init_from={where!r} does not fit the model ({layout.name} layout, model.n_layer="
+                           f"{m.n_layer}): key mismatch: {_listed('unknown', unknown)}, {_listed('missing', missing)}; "
                            f"shape mismatch: {_listed('', shapes) or 'none'}")
     return ours
 
@@ -217,7 +289,7 @@ class Loaded:
     """What `load_into` put into the model: the layout, the tensors set, and the positions used of the file's."""
     layout: str
     tensors: int
-    positions: tuple[int, int]  # (model.seq_len, the file's n_positions)
+    positions: tuple[int, int]  # (model.seq_len, the file's n_positions / max_position_embeddings)
 
 
 def load_into(net, cfg_model: ModelConfig, path: str) -> Loaded:
@@ -225,46 +297,64 @@ def load_into(net, cfg_model: ModelConfig, path: str) -> Loaded:
     import mindspore as ms
     tensors = read_tensors(path)
     layout = layout_of(list(tensors), path)
-    check_model(layout, cfg_model, file_settings(path), path)
+    settings = file_settings(path)
+    check_model(layout, cfg_model, settings, path)
     params = {p.name: p for p in net.get_parameters()}
-    ours = to_ours(tensors, layout, {k: p.shape for k, p in params.items()}, cfg_model.seq_len, cfg_model.n_layer,
-                   path)
+    ours = to_ours(tensors, layout, {k: p.shape for k, p in params.items()}, cfg_model, path)
     for name, value in ours.items():
         params[name].set_data(ms.Tensor(value))
-    wpe = next(v for k, v in tensors.items() if k.endswith("wpe.weight"))
-    return Loaded(layout.name, len(ours), (cfg_model.seq_len, int(wpe.shape[0])))
+    wpe = next((v for k, v in tensors.items() if k.endswith("wpe.weight")), None)
+    known = int(wpe.shape[0]) if wpe is not None else int(settings.get("max_position_embeddings", cfg_model.seq_len))
+    return Loaded(layout.name, len(ours), (cfg_model.seq_len, known))
 
 
-def from_ours(params: dict[str, np.ndarray], m: ModelConfig, layout: Layout = GPT2) -> dict[str, np.ndarray]:
-    """Our parameters (name → array) in the layout's names and shapes, prefix included; the head stays tied
-    (not written, as Hugging Face saves a tied GPT-2)."""
-    wrong = mismatched(layout, m, {"activation_function": _activation(layout, m.mlp)})
-    if wrong or m.mlp not in layout.activations.values():
-        raise WeightsError(f"this run's model has no {layout.name} layout: {layout.name} needs model.norm=layernorm, "
-                           f"model.bias=true, fused q,k,v and a GELU MLP (a LLaMA-like model waits for an untied "
-                           f"head and a LLaMA layout)")
-    missing = [ours for ours, _ in expand(layout, m.n_layer).values() if ours not in params]
+def layout_for(m: ModelConfig) -> Layout:
+    """The layout this model can be written in; a one-line WeightsError when it has none."""
+    for layout in LAYOUTS:
+        own = {"activation_function": _activation(layout, m.mlp)} if layout.activations else {}
+        if not mismatched(layout, m, own) and (not layout.activations or m.mlp in layout.activations.values()):
+            return layout
+    raise WeightsError("this run's model has no Hugging Face layout: GPT-2 needs model.norm=layernorm, model.bias=true, "
+                       "fused q,k,v, learned positions, a tied head and a GELU MLP; LLaMA needs model.norm=rmsnorm, "
+                       "model.bias=false, model.qkv=separate, model.positions=rope and model.mlp=swiglu")
+
+
+def from_ours(params: dict[str, np.ndarray], m: ModelConfig) -> dict[str, np.ndarray]:
+    """Our parameters (name → array) in the model's layout's names and shapes, prefix included; a tied head is not
+    written (as Hugging Face saves a tied GPT-2), an untied one is."""
+    layout = layout_for(m)
+    table = expand(layout, m.n_layer, m.tie_head)
+    missing = [ours for ours, _ in table.values() if ours not in params]
     if missing:
         raise WeightsError(f"the checkpoint lacks {_listed('', missing)} of the model's parameters; export a "
                            f"checkpoint of the workbook's own model (not model.build)")
-    return {layout.prefix + theirs: _to_theirs(transform, np.asarray(params[ours], np.float32))
-            for theirs, (ours, transform) in expand(layout, m.n_layer).items()}
+    prefix = {name: "" if name == layout.head else layout.prefix for name in table}
+    return {prefix[theirs] + theirs: _to_theirs(transform, np.asarray(params[ours], np.float32))
+            for theirs, (ours, transform) in table.items()}
 
 
 def _activation(layout: Layout, mlp: str) -> str:
     return next((act for act, ours in layout.activations.items() if ours == mlp), mlp)
 
 
-def hf_config(m: ModelConfig, vocab: int, layout: Layout = GPT2) -> dict:
-    """The config.json Hugging Face's GPT-2 classes read for these dims."""
+def hf_config(m: ModelConfig, vocab: int) -> dict:
+    """The config.json Hugging Face's GPT-2 or LLaMA classes read for these dims."""
+    if layout_for(m) is LLAMA:
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+                "hidden_size": m.d_model, "intermediate_size": m.ffn_hidden, "num_hidden_layers": m.n_layer,
+                "num_attention_heads": m.n_head, "num_key_value_heads": m.n_head, "hidden_act": "silu",
+                "max_position_embeddings": m.seq_len, "rms_norm_eps": m.rms_eps, "rope_theta": m.rope_theta,
+                "tie_word_embeddings": m.tie_head, "attention_bias": False}
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,
             "n_positions": m.seq_len, "n_ctx": m.seq_len, "n_embd": m.d_model, "n_layer": m.n_layer,
-            "n_head": m.n_head, "activation_function": _activation(layout, m.mlp), "layer_norm_epsilon": 1e-5,
+            "n_head": m.n_head, "n_inner": m.ffn_hidden, "activation_function": _activation(GPT2, m.mlp),
+            "layer_norm_epsilon": 1e-5,
             "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": m.dropout, "tie_word_embeddings": True}
 
 
 def write_checkpoint(out: str | Path, params: dict[str, np.ndarray], m: ModelConfig) -> Path:
-    """Write `params` (our names) as out/model.safetensors in GPT-2 layout, with its config.json; returns the file."""
+    """Write `params` (our names) as out/model.safetensors in the model's layout, with its config.json; returns the
+    file."""
     from safetensors.numpy import save_file
     theirs = from_ours(params, m)
     folder = Path(out)
@@ -276,7 +366,7 @@ def write_checkpoint(out: str | Path, params: dict[str, np.ndarray], m: ModelCon
 
 
 def export_checkpoint(source: str | Path, out: str | Path) -> tuple[Path, Path]:
-    """Write the model of a run (its last checkpoint) or of one .ckpt file of a run in GPT-2 layout to folder `out`;
+    """Write the model of a run (its last checkpoint) or of one .ckpt file of a run in its layout to folder `out`;
     returns (the checkpoint read, the .safetensors written)."""
     import mindspore as ms
     from helpers.record import load_run

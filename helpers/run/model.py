@@ -120,7 +120,7 @@ def make_gelu(cfg: ModelConfig, native: bool) -> nn.Cell | object:
 def make_norm(cfg: ModelConfig, native: bool) -> nn.Cell:
     """LayerNorm (always with a bias in MindSpore; native kernels, hand-written or MindSpore backward) or RMSNorm."""
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.d_model)
+        return RMSNorm(cfg.d_model, cfg.rms_eps)
     if native:
         return LayerNorm(cfg.d_model, 1e-5, "native")
     if cfg.norm_backward == "manual":
@@ -246,26 +246,22 @@ class MLP(nn.Cell):
         d = cfg.d_model
         self.swiglu = cfg.mlp == "swiglu"
         self.relu2 = cfg.mlp == "relu2"
+        hidden = cfg.ffn_hidden
         if self.swiglu:
-            hidden = 8 * ((8 * d // 3 + 7) // 8)
             self.gate = _dense(d, hidden, False, 0.02, native)
             self.up = _dense(d, hidden, False, 0.02, native)
             self.act = nn.SiLU()
         elif self.relu2:
-            hidden = 4 * d
             self.up = _dense(d, hidden, cfg.bias, 0.02, native)
             self.act = nn.ReLU()
         elif cfg.dense_act:
-            hidden = 4 * d
             self.up = nn.Dense(d, hidden, weight_init=Normal(0.02), bias_init="zeros", has_bias=cfg.bias,
                                activation=make_gelu(cfg, native))
             self.act = None
         elif native and cfg.bias and cfg.mlp == "gelu":  # bias add + exact GELU as one native kernel each way
-            hidden = 4 * d
             self.up = _dense(d, hidden, cfg.bias, 0.02, native, bias_op="bias_gelu")
             self.act = None
         else:
-            hidden = 4 * d
             self.up = _dense(d, hidden, cfg.bias, 0.02, native)
             self.act = make_gelu(cfg, native)
         self.down = _dense(hidden, d, cfg.bias and not self.swiglu, proj_std, native)
@@ -315,6 +311,10 @@ class GPT(nn.Cell):
             self.pos = Parameter(initializer(Normal(0.02), (1, cfg.seq_len, cfg.d_model), ms.float32), name="pos")
         proj_std = 0.0 if cfg.zero_init_proj else 0.02 / math.sqrt(2 * cfg.n_layer)
         self.softcap = float(cfg.logit_softcap)
+        self.head_weight = None  # untied (model.tie_head=false): an output head of its own, as LLaMA's lm_head
+        if not cfg.tie_head:
+            self.head_weight = Parameter(initializer(Normal(0.02), (vocab_size, cfg.d_model), ms.float32),
+                                         name="head_weight")
         self.tanh = ops.Tanh()
         self.blocks = nn.CellList([Block(cfg, proj_std, native) for _ in range(cfg.n_layer)])
         self.norm = make_norm(cfg, native)
@@ -342,7 +342,8 @@ class GPT(nn.Cell):
         if self.ballast is not None:
             work = self.ballast_sum(self.ballast_mm(x, self.ballast.astype(x.dtype)))
             x = x + self.ballast_zero.astype(x.dtype) * work
-        logits = self.head(x, self.tok.embedding_table.astype(x.dtype))
+        head = self.tok.embedding_table if self.head_weight is None else self.head_weight
+        logits = self.head(x, head.astype(x.dtype))
         if self.softcap > 0:
             logits = self.softcap * self.tanh(logits / self.softcap)
         return logits

@@ -93,7 +93,7 @@ def matmul_shapes(cfg: Config, vocab: int | None = None) -> list[tuple[int, int,
     """The model's own matmul shapes (M, K, N) for one micro-batch: q/k/v projection, attention output, MLP up and
     down, and the output head when `vocab` is known; M = micro-batch × context tokens."""
     m, d = cfg.tokens_per_micro_batch, cfg.model.d_model
-    hidden = 8 * ((8 * d // 3 + 7) // 8) if cfg.model.mlp == "swiglu" else 4 * d  # as helpers/run/model.py builds it
+    hidden = cfg.model.ffn_hidden
     shapes = [(m, d, 3 * d), (m, d, d), (m, d, hidden), (m, hidden, d)] + ([(m, d, vocab)] if vocab else [])
     return list(dict.fromkeys(shapes))
 

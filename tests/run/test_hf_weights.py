@@ -127,6 +127,7 @@ def test_export_then_import_is_the_identity(tmp_path):
 
 
 def _refusal(tmp_path, tensors, m=None, settings=None) -> str:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(tmp_path / "model.safetensors"))
     if settings is not None:
         (tmp_path / "config.json").write_text(json.dumps(settings))
@@ -138,11 +139,114 @@ def _refusal(tmp_path, tensors, m=None, settings=None) -> str:
     return message
 
 
-def test_llama_layout_is_refused_naming_what_the_model_lacks(tmp_path):
-    llama = {"model.embed_tokens.weight": np.zeros((VOCAB, D), np.float32),
-             "model.layers.0.self_attn.q_proj.weight": np.zeros((D, D), np.float32)}
-    message = _refusal(tmp_path, llama)
-    assert "LLaMA-layout" in message and "lm_head" in message and "intermediate_size" in message
+HIDDEN = 48  # LLaMA's intermediate_size: not the model's own SwiGLU width for D (88), so model.mlp_hidden carries it
+
+
+def llama_tensors(seed: int = 0) -> dict[str, np.ndarray]:
+    """Random LLaMA weights in Hugging Face names and layouts (Linear [out, in], an untied head), float32."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape, scale=0.2):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    t = {"model.embed_tokens.weight": w(VOCAB, D, scale=0.5), "model.norm.weight": 1 + w(D),
+         "lm_head.weight": w(VOCAB, D, scale=0.5)}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        t.update({p + "input_layernorm.weight": 1 + w(D), p + "post_attention_layernorm.weight": 1 + w(D),
+                  **{p + f"self_attn.{n}_proj.weight": w(D, D) for n in "qkvo"},
+                  p + "mlp.gate_proj.weight": w(HIDDEN, D), p + "mlp.up_proj.weight": w(HIDDEN, D),
+                  p + "mlp.down_proj.weight": w(D, HIDDEN)})
+    return t
+
+
+LLAMA_CONFIG = {"model_type": "llama", "hidden_size": D, "intermediate_size": HIDDEN, "num_hidden_layers": LAYERS,
+                "num_attention_heads": HEADS, "num_key_value_heads": HEADS, "vocab_size": VOCAB, "rms_norm_eps": 1e-5,
+                "rope_theta": 500.0, "tie_word_embeddings": False, "max_position_embeddings": 64}
+
+
+def reference_llama_logits(t: dict[str, np.ndarray], ids: np.ndarray, eps: float, theta: float) -> np.ndarray:
+    """LLaMA's forward in float64 NumPy (RMSNorm, rotary q/k as complex numbers over the two halves of each head,
+    causal attention, SwiGLU, untied head), written from the paper and Hugging Face's description."""
+    t = {k.removeprefix("model."): v.astype(np.float64) for k, v in t.items()}
+
+    def rms(x, name):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * t[name + ".weight"]
+
+    def rotate(x):  # [b, h, s, hd]: dims j and j + hd/2 form one complex number, turned by position × freq_j
+        hd = x.shape[-1]
+        z = (x[..., : hd // 2] + 1j * x[..., hd // 2:]) * np.exp(
+            1j * np.arange(x.shape[-2])[:, None] * theta ** (-np.arange(0, hd, 2) / hd))
+        return np.concatenate([z.real, z.imag], -1)
+    b, s = ids.shape
+    hd = D // HEADS
+    x = t["embed_tokens.weight"][ids]
+    causal = np.triu(np.ones((s, s), bool), k=1)
+    for i in range(LAYERS):
+        p = f"layers.{i}."
+        h = rms(x, p + "input_layernorm")
+        q, k, v = (((h @ t[p + f"self_attn.{n}_proj.weight"].T).reshape(b, s, HEADS, hd)).transpose(0, 2, 1, 3)
+                   for n in "qkv")
+        q, k = rotate(q), rotate(k)
+        scores = np.where(causal, -np.inf, q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd))
+        att = np.exp(scores - scores.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        x = x + (att @ v).transpose(0, 2, 1, 3).reshape(b, s, D) @ t[p + "self_attn.o_proj.weight"].T
+        h = rms(x, p + "post_attention_layernorm")
+        gate = h @ t[p + "mlp.gate_proj.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * (h @ t[p + "mlp.up_proj.weight"].T)) @ t[p + "mlp.down_proj.weight"].T
+    return (rms(x, "norm") @ t["lm_head.weight"].T).reshape(b * s, VOCAB)
+
+
+def _llama_folder(folder, tensors=None, **settings):
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors or llama_tensors(), str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({**LLAMA_CONFIG, **settings}))
+    return folder
+
+
+def _llama_model(folder):
+    from helpers.config import with_changes
+    cfg = from_dict({"model": {"seq_len": SEQ}})
+    return with_changes(cfg, {**model_settings(folder), "model.seq_len": SEQ}).model
+
+
+def test_llama_file_loads_and_logits_match_a_numpy_forward(tmp_path):
+    import mindspore as ms
+    folder = _llama_folder(tmp_path / "llama")
+    m = _llama_model(folder)
+    assert (m.norm, m.mlp, m.positions, m.qkv, m.bias, m.tie_head, m.ffn_hidden, m.rms_eps, m.rope_theta) == (
+        "rmsnorm", "swiglu", "rope", "separate", False, False, HIDDEN, 1e-5, 500.0)
+    net = gpt(m)
+    loaded = load_into(net, m, str(folder))
+    assert (loaded.layout, loaded.tensors, loaded.positions) == ("LLaMA", 3 + 9 * LAYERS, (SEQ, 64))
+    ids = np.random.default_rng(2).integers(0, VOCAB, (3, SEQ)).astype(np.int32)
+    got = net(ms.Tensor(ids)).asnumpy()
+    want = reference_llama_logits(llama_tensors(), ids, 1e-5, 500.0)
+    assert np.abs(got - want).max() < 1e-4 and np.abs(want).max() > 1.0
+
+
+def test_llama_export_then_import_is_the_identity(tmp_path):
+    folder = _llama_folder(tmp_path / "in")
+    m = _llama_model(folder)
+    net = gpt(m)
+    load_into(net, m, str(folder))
+    written = write_checkpoint(tmp_path / "out", params_of(net), m)
+    back, original = read_tensors(written), llama_tensors()
+    assert sorted(back) == sorted(original) and all(np.array_equal(back[k], original[k]) for k in original)
+    settings = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert {k: settings[k] for k in LLAMA_CONFIG if k != "max_position_embeddings"} == {
+        k: v for k, v in LLAMA_CONFIG.items() if k != "max_position_embeddings"}
+
+
+def test_llama_files_the_model_cannot_take_are_refused_in_one_line(tmp_path):
+    m = _llama_model(_llama_folder(tmp_path / "ok"))
+    message = _refusal(tmp_path / "gqa", llama_tensors(), m, settings={**LLAMA_CONFIG, "num_key_value_heads": 1})
+    assert "grouped-query attention (num_key_value_heads=1 < num_attention_heads=2)" in message
+    message = _refusal(tmp_path / "theta", llama_tensors(), m, settings={**LLAMA_CONFIG, "rope_theta": 10000.0})
+    assert message.endswith("the model must match it: set model.rope_theta=10000.0")
+    tied = _llama_model(_llama_folder(tmp_path / "tied", **{"tie_word_embeddings": True}))
+    assert "differs from its token embedding" in _refusal(tmp_path / "untied", llama_tensors(), tied,
+                                                          settings={**LLAMA_CONFIG, "tie_word_embeddings": True})
 
 
 def test_key_and_shape_mismatches_are_listed_in_one_line(tmp_path):
@@ -167,9 +271,9 @@ def test_model_knobs_must_match_the_file(tmp_path):
     assert message.endswith("set model.norm=layernorm model.mlp=gelu_tanh model.n_head=4")
 
 
-def test_a_llama_like_model_is_not_exported_as_gpt2(tmp_path):
-    m = model_cfg(mlp="swiglu", norm="rmsnorm", bias=False)
-    with pytest.raises(WeightsError, match="this run's model has no GPT-2 layout: GPT-2 needs model.norm=layernorm"):
+def test_a_model_in_neither_layout_is_not_exported(tmp_path):
+    m = model_cfg(mlp="swiglu", norm="rmsnorm", bias=False)  # LLaMA-like, but learned positions and fused q,k,v
+    with pytest.raises(WeightsError, match="has no Hugging Face layout: GPT-2 needs model.norm=layernorm"):
         write_checkpoint(tmp_path, params_of(gpt(m)), m)
 
 

@@ -32,7 +32,8 @@ def test_the_old_ledger_replays_to_the_best_the_old_code_mirrored(book):
                                              "rollback"]
     assert [e["best_round"] for e in entries] == [0, 1, 1, 1, 1, 1, 2, 1]
     best = book.best_config()
-    assert config_mod.to_dict(best) == yaml.safe_load((book.path / "best.yaml").read_text())  # the old mirror
+    # the old mirror, its keys filled by today's defaults (keys added since read as their defaults)
+    assert best == config_mod.from_dict(yaml.safe_load((book.path / "best.yaml").read_text()))
     assert best == config_mod.load_config(book.path / "rounds" / "01_batch" / "rollback" / "config.yaml")
     assert best.batch_size == 8 and book.repeats == 2 and book.memory_limit_bytes == 8 * 2 ** 30
 
