@@ -94,7 +94,8 @@ def matmul_shapes(cfg: Config, vocab: int | None = None) -> list[tuple[int, int,
     down, and the output head when `vocab` is known; M = micro-batch × context tokens."""
     m, d = cfg.tokens_per_micro_batch, cfg.model.d_model
     hidden = cfg.model.ffn_hidden
-    shapes = [(m, d, 3 * d), (m, d, d), (m, d, hidden), (m, hidden, d)] + ([(m, d, vocab)] if vocab else [])
+    qkv = (m, d, d) if cfg.model.qkv == "separate" else (m, d, 3 * d)
+    shapes = [qkv, (m, d, d), (m, d, hidden), (m, hidden, d)] + ([(m, d, vocab)] if vocab else [])
     return list(dict.fromkeys(shapes))
 
 

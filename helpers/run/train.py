@@ -242,10 +242,14 @@ class Trainer:
         with cost.phase("import"):
             self._configure(str(prep.tokenizer.vocab_size))
         with cost.phase("peak"):  # both peaks MFU divides by: the model's own matmul shapes, the CPU's arithmetic
-            dtype = "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype
+            # under AMP some matmuls stay fp32 (the fp32 cells, the loss): the faster dtype bounds what a step can do
+            dtypes = ["fp32"] if cfg.amp_level == "O0" else [cfg.amp_dtype, "fp32"]
             shapes = matmul_shapes(cfg, cfg.model.vocab_size or prep.tokenizer.vocab_size)
-            peak_info = peak_flops_info(cfg.device_target, dtype, cfg.threads, shapes)
-            hardware = hardware_peak(dtype, cfg.device_target)
+            infos = {d: peak_flops_info(cfg.device_target, d, cfg.threads, shapes) for d in dtypes}
+            dtype = max(dtypes, key=lambda d: infos[d]["flops"])
+            peak_info = infos[dtype]
+            hardware = max((hardware_peak(d, cfg.device_target) for d in dtypes),
+                           key=lambda h: (h or {}).get("flops") or 0.0)
         self.extra_summary.update(peak_summary(peak_info, hardware))  # which peaks the MFU used: when, load
 
         def remeasure() -> tuple[float, dict]:
