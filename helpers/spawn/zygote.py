@@ -422,12 +422,17 @@ def serve(fd: int, run: Callable[[list[str]], int], listen_fd: int | None = None
             if request.get("session"):
                 sessions.add(pid)
             _send(sock, {"pid": pid})
-        for pid, sock in list(children.items()):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                del children[pid]
-                sessions.discard(pid)
-                _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        _reap(children, sessions)
+
+
+def _reap(children: dict[int, socket.socket], sessions: set[int]) -> None:
+    """Each child that exited: forgotten, its exit code sent to the connection that asked for it."""
+    for pid, sock in list(children.items()):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            del children[pid]
+            sessions.discard(pid)
+            _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
 def _kill_group(pid: int) -> None:
