@@ -8,6 +8,8 @@ iterations run in fp32 whatever precision the model computes in.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.ops import composite as C
@@ -52,8 +54,8 @@ class MuonAdamW(nn.Cell):
     """Called as an optimizer (`optimizer(grads)`, grads in the order of `parameters`): Muon on the hidden
     weights with a per-step LR list, MindSpore's AdamWeightDecay on the rest with its own."""
 
-    def __init__(self, params: list[Parameter], adam: callable, muon_lrs: list[float], momentum: float,
-                 ns_steps: int):
+    def __init__(self, params: list[Parameter], adam: Callable[[list[Parameter]], nn.Optimizer],
+                 muon_lrs: list[float], momentum: float, ns_steps: int):
         super().__init__(auto_prefix=False)
         hidden = hidden_weights(params)
         if not hidden:
