@@ -294,9 +294,9 @@ class Block(nn.Cell):
 
 
 class GPT(nn.Cell):
-    """Token ids [B, T] int32 → logits [B*T, vocab]; lm_head tied to the token embedding (as nanoGPT). Positions:
-    a learned table added to the embedding, or rotary in each attention (model.positions); logits soft-capped
-    when model.logit_softcap > 0.
+    """Token ids [B, T] int32 → logits [B*T, vocab]; the head tied to the token embedding (as nanoGPT) or a weight of
+    its own (model.tie_head=false, as LLaMA). Positions: a learned table added to the embedding, or rotary in each
+    attention (model.positions); logits soft-capped when model.logit_softcap > 0.
 
     native: the run's resolved kernels choice is native (`kernels.resolve_kernels`, made once per run; this class
     never reads cfg.kernels), else MindSpore's ops.

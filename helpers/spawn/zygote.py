@@ -216,13 +216,10 @@ class Forked:
 
     def poll(self) -> int | None:
         """Its exit code if it has exited, else None."""
-        if self.returncode is None:
-            try:
-                self._ended(self.conn._recv(0.0, "exit", self.pid)["code"])
-            except ZygoteError:
-                if self.conn.gone:
-                    self._ended(1)  # the zygote went away: the child's status is lost; its record says how it ended
-        return self.returncode
+        try:
+            return self.wait(0.0)
+        except subprocess.TimeoutExpired:
+            return None
 
     def wait(self, timeout: float | None = None) -> int:
         """Its exit code, waiting up to `timeout` seconds (subprocess.TimeoutExpired after that)."""
@@ -232,7 +229,7 @@ class Forked:
             except ZygoteError:
                 if not self.conn.gone:
                     raise subprocess.TimeoutExpired(f"forked child {self.pid}", timeout or 0) from None
-                self._ended(1)
+                self._ended(1)  # the zygote went away: the child's status is lost; its record says how it ended
         return self.returncode
 
     def _ended(self, code: int) -> None:
@@ -245,17 +242,10 @@ def start_forked(argv: list[str], env: dict, log_path: Path) -> Forked | None:
     its own, stdout to /dev/null and stderr appended to log_path, and return at once; None when no shared zygote
     fits `env` (the caller then starts a fresh process). A speed round's arm started so skips ~3 s of interpreter
     start and MindSpore import (fixed_cost_s start + import, measured here), both arms at once on 2 cores."""
-    path = os.environ.get(SOCKET_ENV)
-    if not enabled() or not path:
+    conn = _shared(env) if enabled() else None
+    if conn is None:
         return None
     try:
-        conn = Zygote.connect(path, env)
-    except OSError:
-        return None
-    try:
-        if not conn.fits(env):
-            conn.close()
-            return None
         with open(os.devnull, "wb") as null, open(log_path, "ab") as log:
             request = json.dumps({"argv": argv, "env": env, "cwd": str(REPO_ROOT), "session": True}).encode()
             socket.send_fds(conn.sock, [request], [null.fileno(), log.fileno()])
@@ -317,17 +307,23 @@ def prestart(env: dict) -> None:
 def _new(env: dict, check: bool = True) -> Zygote:
     """The shared zygote when WORKBOOK_ZYGOTE_SOCKET names one that listens and (check) fits `env`, else a zygote
     of our own. check=False does not wait for the shared one to be ready (the first run checks)."""
+    return _shared(env, check) or Zygote(env)
+
+
+def _shared(env: dict, check: bool = True) -> Zygote | None:
+    """A connection to the shared zygote that WORKBOOK_ZYGOTE_SOCKET names, if one listens there and (check) fits
+    `env`; else None."""
     path = os.environ.get(SOCKET_ENV)
-    if path:
-        try:
-            conn = Zygote.connect(path, env)
-        except OSError:
-            conn = None
-        if conn is not None and (not check or conn.fits(env)):
-            return conn
-        if conn is not None:
-            conn.close()
-    return Zygote(env)
+    if not path:
+        return None
+    try:
+        conn = Zygote.connect(path, env)
+    except OSError:
+        return None
+    if not check or conn.fits(env):
+        return conn
+    conn.close()
+    return None
 
 
 @contextmanager
