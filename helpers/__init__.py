@@ -30,6 +30,7 @@ _HOMES = {
     "helpers.tune.suggest": ("suggest", "suggest_for", "suggestions_table"),
     "helpers.tune.autotune": ("autotune",),
     "helpers.tune.ttq_search": ("autotune_time_to_target", "recipe_changes"),
+    "helpers.tune.ttq_levers": ("lever_changes",),
     "helpers.tune.fusion": ("best_profile", "fusion_base", "op_table_shift", "profile_arms", "round_op_shift",
                             "shift_summary"),
     "helpers.tune.study": ("accumulation_changes", "accumulation_sweep", "base_config", "compile_cache_runs",

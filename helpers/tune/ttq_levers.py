@@ -34,3 +34,13 @@ def lever_arms(cfg: Config) -> list[Candidate]:
     return [Candidate(name, family, dict(changes), why, objective="time_to_target")
             for name, family, changes, why in LEVERS
             if any(current.get(k) != v for k, v in changes.items())]
+
+
+def lever_changes(name: str) -> tuple[dict, str]:
+    """(changes, why) of the lever called `name` (a LEVERS name, e.g. "optimizer_muon"); ValueError in one line
+    naming the choices for any other name."""
+    for lever, _, changes, why in LEVERS:
+        if lever == name:
+            return dict(changes), why
+    raise ValueError(f"lever={name!r} is not a speed-record lever; choose one of "
+                     f"{', '.join(n for n, *_ in LEVERS)}")

@@ -12,8 +12,10 @@ One bracket, repeated while the budget allows (successive halving with two rungs
                 the target or their cap: `cap`, lowered to the fastest screened arm's time × CAP_MARGIN once an arm
                 has reached it. Every arm is judged on the objective itself, seconds to target, so a short schedule
                 that leads early but never gets there is not preferred (an earlier screen at the fixed time cap/η
-                ranked arms by val loss and promoted exactly those). The arms that reached it sooner than the best,
-                fastest first, top ⌈n/η⌉, are promoted; the rest are dropped.
+                ranked arms by val loss and promoted exactly those). An arm that leaves the recipe alone (a lever,
+                a speed lever) runs on top of the fastest recipe arm so far: gains stack, and a lever screened on
+                the old recipe would be capped by a faster recipe it will never be compared with. The arms that
+                reached it sooner than the best, fastest first, top ⌈n/η⌉, are promoted; the rest are dropped.
     rung 2    the promoted arms, best first, as ordinary time-to-target rounds (`Workbook.run_round`: `seeds`
                 seeds per arm, ABBA order, the candidate capped at `cap`, pairs stopping at the first candidate
                 seed that did not reach the target), judged on seconds to target against the seed band. A kept
@@ -48,6 +50,7 @@ from helpers.tune.autotune import (BUDGET_MARGIN, WHO, AutotuneError, AutotuneRe
 from helpers.tune.convergence import RECIPE, TIME_TO_TARGET, eval_curve, time_to_target, ttq_arms
 from helpers.tune.diagnose import diagnose
 from helpers.tune.ledger import RoundError
+from helpers.tune.round_spec import candidate
 from helpers.tune.rounds import Workbook
 from helpers.tune.ttq_levers import lever_arms
 
@@ -354,17 +357,27 @@ class _Screened:
     last_loss: float | None = None  # nats/token
     last_eval_s: float | None = None
     best_loss_then: float | None = None  # the best's val loss at last_eval_s
+    on: str = ""  # the recipe arm it was screened on top of ("" : on the best itself)
 
 
 def _screen(ctx: _Search, plan: _Plan) -> list[Candidate]:
     """Rung 1, a race: each arm once, capped at the bracket's cap or at the fastest time to the target so far ×
-    CAP_MARGIN, while a round still fits in the budget after it; returns the promoted arms, fastest first. One
-    ledger note per arm (promoted/dropped, or "not screened" when the budget left it out) with its numbers."""
-    scored, fastest = [], None
+    CAP_MARGIN, while a round still fits in the budget after it; returns the promoted arms, fastest first. An arm
+    that leaves the recipe alone (a lever, a speed lever) is screened on top of the fastest recipe arm so far (`on`),
+    the regime its round will meet if that arm is kept first; its round changes its own group only. One ledger
+    note per arm (promoted/dropped, or "not screened" when the budget left it out) with its numbers."""
+    scored, fastest, fastest_recipe = [], None, None
     for k, arm in enumerate(plan.arms, 1):
         arm_cap = plan.cap if fastest is None else min(plan.cap, fastest * CAP_MARGIN)
         left = ctx.left_s()
-        cand, moved = ctx.wb.candidate(arm.name, arm.changes, TIME_TO_TARGET)
+        on = fastest_recipe if fastest_recipe is not None and not set(arm.changes) & set(RECIPE) else None
+        cand, moved = ctx.wb.candidate(arm.name, arm.changes, TIME_TO_TARGET)  # moved: the arm's own group
+        if on is not None:
+            try:
+                on_cfg = ctx.wb.candidate(on.arm.name, on.arm.changes, TIME_TO_TARGET)[0]
+                cand = candidate(on_cfg, arm.name, arm.changes, TIME_TO_TARGET)[0]
+            except (ConfigError, RoundError):
+                on = None  # the two do not combine: screened on the best itself
         if left < plan.round_s + (arm_cap + max([DEFAULT_OVERHEAD_S, *ctx.overheads])) * BUDGET_MARGIN:
             ctx.wb.note(arm.name, f"not screened in bracket {plan.index}: {left:.0f} s left, and a round must still "
                         f"fit after a run capped at {arm_cap:.1f} s. Tried again if the workbook continues.", moved,
@@ -374,8 +387,12 @@ def _screen(ctx: _Search, plan: _Plan) -> list[Candidate]:
             ctx.log(f"screen {arm.name}: not screened (budget)")
             continue
         scored.append(_screen_arm(ctx, plan, k, arm, cand, moved, arm_cap))
+        scored[-1].on = on.arm.name if on else ""
         if scored[-1].time_s is not None:
             fastest = scored[-1].time_s if fastest is None else min(fastest, scored[-1].time_s)
+            if set(arm.changes) & set(RECIPE) and (fastest_recipe is None or
+                                                  scored[-1].time_s < fastest_recipe.time_s):
+                fastest_recipe = scored[-1]
     ranked = sorted([s for s in scored if s.time_s is not None], key=lambda s: s.time_s)
     top = [s for s in ranked[:max(1, math.ceil(len(scored) / ctx.eta))] if s.time_s < plan.t_best]
     for s in scored:
@@ -412,7 +429,9 @@ def _note_screened(ctx: _Search, plan: _Plan, s: _Screened, rank: int | None, re
     got = s.failure or ("did not reach it by its cap" if s.time_s is None else f"reached it in {s.time_s:.1f} s")
     changes = ", ".join(f"{k}={v}" for k, v in s.arm.changes.items())
     why = (f"Screened in bracket {plan.index}, capped at {s.cap:.1f} s (the best's {plan.t_best:.1f} s or the "
-           f"fastest arm so far, ×{CAP_MARGIN}): {s.arm.name} ({changes}) because {s.arm.why}. Val loss "
+           f"fastest arm so far, ×{CAP_MARGIN}): {s.arm.name} ({changes}) because {s.arm.why}"
+           + (f"; on top of {s.on}, the fastest recipe arm so far (its round changes {s.arm.name}'s group only)"
+              if s.on else "") + ". Val loss "
            f"{ctx.target:g}: {got}"
            + (f"; val loss {s.last_loss:.4f} at its last validation pass ({s.last_eval_s:.1f} s) vs the best's "
               f"{s.best_loss_then:.4f} at that wall time" if s.last_loss is not None else "")
@@ -421,6 +440,7 @@ def _note_screened(ctx: _Search, plan: _Plan, s: _Screened, rank: int | None, re
            f"{plan.t_best:.1f} s go to rounds).")
     ctx.wb.note(s.arm.name, why, s.moved, decision=decision, who=WHO,
                 reasoning={"bracket": plan.index, "family": s.arm.family, "screen_cap_s": round(s.cap, 2),
+                           "screened_on": s.on or None,
                            "run": s.folder.relative_to(ctx.wb.path).as_posix(), "time_to_target_s": s.time_s,
                            "reached": s.time_s is not None, "last_eval_s": s.last_eval_s,
                            "val_loss_at_last_eval": s.last_loss, "best_val_loss_then": s.best_loss_then,

@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -63,9 +64,11 @@ def _baseline_notebook(folder: Path, corpus: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def lab(tmp_path, small_corpus):
-    """JupyterLab on a free localhost port with throw-away config, data and settings folders."""
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, small_corpus):
+    """JupyterLab on a free localhost port with throw-away config, data and settings folders; one server for the
+    module's tests (each opens its own notebook in its own browser)."""
+    tmp_path = tmp_path_factory.mktemp("lab")
     root = tmp_path / "root"
     root.mkdir()
     _panel_notebook(root)
@@ -93,7 +96,8 @@ def lab(tmp_path, small_corpus):
                 proc.kill()
                 pytest.fail(f"jupyter lab did not start: {(tmp_path / 'lab.log').read_text()[-2000:]}")
             time.sleep(0.3)
-    yield lambda name: f"{url}/lab/tree/{name}?token={token}", root
+    # a workspace per notebook: a test's page does not restore another test's open notebook
+    yield lambda name: f"{url}/lab/workspaces/{Path(name).stem}/tree/{name}?token={token}", root
     proc.terminate()
     try:
         proc.wait(timeout=10)
@@ -119,12 +123,13 @@ def _run_all(page) -> None:
 
 @contextmanager
 def _lab_page(root: Path, url: str):
-    """A headless Chromium page (fresh profile beside `root`) opened at `url`; screenshots go to ARTIFACTS."""
+    """A headless Chromium page (a fresh profile beside `root`, one per page) opened at `url`; screenshots go to
+    ARTIFACTS."""
     from playwright.sync_api import sync_playwright
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(str(root.parent / "profile"), executable_path=CHROMIUM,
-                                                        headless=True, args=ARGS,
+        profile = tempfile.mkdtemp(dir=root.parent, prefix="profile-")
+        context = pw.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=ARGS,
                                                         viewport={"width": 1400, "height": 900})
         try:
             page = context.pages[0] if context.pages else context.new_page()

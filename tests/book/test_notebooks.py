@@ -269,6 +269,26 @@ def test_every_notebook_runs_from_its_folder_with_its_own_defaults(notebooks_run
 
 
 @pytest.mark.slow
+def test_time_to_quality_runs_a_speed_record_lever_by_time_to_target_with_its_curve(notebooks_run):
+    """14 (issue 28): the lever round (rotary positions by default) is judged by wall seconds to the target, each
+    arm's seeds in it, and its validation-loss-against-wall-seconds curve is in the executed copy."""
+    from helpers.tune.rounds import Workbook
+    root, failures = notebooks_run
+    assert "14_time_to_quality" not in failures
+    wb = Workbook.open(root / "workbooks" / "default" / "studies" / "time_to_quality")
+    lever = next(r for r in wb.rounds() if r.name == "positions_rope")
+    assert lever.objective == "time_to_target" and lever.target is not None
+    assert {k: list(v) for k, v in lever.changes.items()} == {"model.positions": ["learned", "rope"]}
+    assert lever.reference_runs and lever.candidate_runs and lever.decision in ("keep", "reject", "no change")
+    cells = nbformat.read(str(root / "notebooks" / "out_14_time_to_quality.ipynb"), as_version=4).cells
+    plots = next(c for c in cells if "val_loss_time_plot(" in c.source and "wb.rounds()" in c.source)
+    shown = "".join(o.get("text", "") for o in plots.outputs)
+    assert "positions_rope" in shown
+    assert sum("image/png" in o.get("data", {}) for o in plots.outputs) == \
+        sum(r.objective == "time_to_target" for r in wb.rounds())
+
+
+@pytest.mark.slow
 def test_a_notebook_run_twice_into_one_workbook_reuses_its_fixed_folder_run(tmp_path, small_corpus):
     """Issue 30: 01_baseline trains its profiled baseline into a fixed study folder. Executed again into the same
     workbook it runs to the end, trains nothing, says what it reused, and the first run's record is untouched.

@@ -11,7 +11,7 @@ from helpers.config import ConfigError, from_dict, load_config, with_changes
 from helpers.record import RunRecord, load_run
 from helpers.paths import REPO_ROOT
 from helpers.tune.autotune import AutotuneError
-from helpers.tune.convergence import seed_band, time_figures, time_to_target
+from helpers.tune.convergence import RECIPE, seed_band, time_figures, time_to_target
 from helpers.tune.rules import judge_time_to_target
 from helpers.tune.rounds import RoundError, Workbook
 from helpers.tune.ttq_search import CAP_MARGIN, autotune_time_to_target, loss_at_time, recipe_arms
@@ -189,12 +189,21 @@ def test_autotune_time_to_target_explains_every_arm(tmp_path, small_corpus):
         assert ("did not reach" in e["why"]) != r["reached"]
         assert e["decision"] == "dropped" or r["reached"] and r["time_to_target_s"] < r["best_time_s"]
     fastest = {}  # the race: once an arm reached the target, the next arms of its bracket stop at its time ×margin
+    recipe_reached = {}  # and an arm that leaves the recipe alone runs on the fastest recipe arm so far
     for e in arms:
         r = e["reasoning"]
         if r["bracket"] in fastest:
             assert r["screen_cap_s"] <= round(fastest[r["bracket"]] * CAP_MARGIN, 2)
+        touches_recipe = bool(set(e["changes"]) & set(RECIPE))
+        if recipe_reached.get(r["bracket"]) and not touches_recipe:
+            assert r["screened_on"] == min(recipe_reached[r["bracket"]])[1], e["why"]
+            assert f"on top of {r['screened_on']}" in e["why"]
+        else:
+            assert r["screened_on"] is None
         if r["reached"]:
             fastest[r["bracket"]] = min(fastest.get(r["bracket"], math.inf), r["time_to_target_s"])
+            if touches_recipe:
+                recipe_reached.setdefault(r["bracket"], []).append((r["time_to_target_s"], e["name"]))
     plans = [e for e in entries if e["name"].startswith("bracket_")]
     assert plans and all("cannot beat it" in e["why"] and e["reasoning"]["cap_s"] > 0 for e in plans)
     for e in (e for e in entries if e["event"] == "round"):
@@ -215,3 +224,11 @@ def test_the_speed_record_levers_are_tuner_arms_each_one_declared_group(small_co
         assert set(moved) == set(arm.changes) and arm.why
     with_rope = from_dict(tiny(small_corpus, **{"model": {"preset": "tiny", "positions": "rope"}}))
     assert "positions_rope" not in [a.name for a in lever_arms(with_rope)]  # already in the best: not an arm
+
+
+def test_a_lever_is_named_by_its_ttq_levers_name_and_a_wrong_name_lists_the_choices():
+    from helpers import lever_changes
+    changes, why = lever_changes("optimizer_muon")
+    assert changes == {"optimizer": "muon"} and "Newton–Schulz" in why
+    with pytest.raises(ValueError, match=r"lever='muon' is not a speed-record lever; choose one of optimizer_muon, "):
+        lever_changes("muon")
