@@ -287,16 +287,23 @@ def _note_plan(ctx: _Search, plan: _Plan) -> None:
 
 def _run_promoted(ctx: _Search, plan: _Plan, promoted: list[Candidate]) -> None:
     """Rung 2: the promoted arms, best first, each a round against the best of its time while one fits; an arm
-    the budget left out is a "not run" note."""
+    the budget left out, or that no longer changes the best (a kept round moved it to the arm's values), is a
+    "not run" note."""
     for rank, arm in enumerate(promoted, 1):
         left = ctx.left_s()
         t_best = time_to_beat(ctx.wb.best_runs(), ctx.target)[0]  # a kept round may have moved the best
-        if left < plan.round_s:
+        why = f"{left:.0f} s left < ~{plan.round_s:.0f} s for its round" if left < plan.round_s else ""
+        try:
+            ctx.wb.candidate(arm.name, arm.changes, TIME_TO_TARGET)
+        except (ConfigError, RoundError) as exc:  # e.g. two recipe arms that share an lr, the first one kept
+            why = why or f"the best moved since its screen: {exc}"
+        if why:
             current = config_mod.flatten(ctx.wb.best_config())
-            ctx.wb.note(arm.name, f"promoted but not run: {left:.0f} s left < ~{plan.round_s:.0f} s for its round",
+            ctx.wb.note(arm.name, f"promoted but not run: {why}",
                         {k: (current[k], v) for k, v in arm.changes.items()}, decision="not run", who=WHO,
                         reasoning={"bracket": plan.index, "rank": rank, "budget_left_s": round(left, 1),
                                    "estimate_s": round(plan.round_s, 1)})
+            ctx.log(f"round for {arm.name}: not run ({why})")
             continue
         _run_round(ctx, plan, rank, arm, left, t_best)
 

@@ -3,6 +3,7 @@ target or a time cap, a time-to-target round, and the auto-tuner's time-to-targe
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -138,7 +139,8 @@ def test_a_run_ends_at_its_target_or_its_time_cap(tmp_path, small_corpus):
 
 
 @pytest.mark.slow
-def test_time_to_target_round_stops_an_arm_that_cannot_beat_the_best(tmp_path, small_corpus):
+def test_time_to_target_round_stops_an_arm_that_cannot_beat_the_best_and_the_tuner_skips_a_stale_arm(tmp_path,
+                                                                                                   small_corpus):
     wb = Workbook.create(tmp_path / "wb", from_dict(tiny(small_corpus, target_val_loss=2.6)))
     wb.baseline(progress=False)
     with pytest.raises(RoundError, match="changes steps; steps"):  # a speed round may not change the schedule length
@@ -172,7 +174,20 @@ def test_time_to_target_round_stops_an_arm_that_cannot_beat_the_best(tmp_path, s
     tuned = autotune_time_to_target(from_dict(tiny(small_corpus, target_val_loss=2.6)), tmp_path / "tuner", 0.02,
                                     2.6, baseline_runs=groups["reference"], log=lambda _: None)
     assert tuned.stop_reason.startswith("budget") and not tuned.rounds
-    assert Workbook.open(tmp_path / "tuner").ledger()[0]["adopted_from"] == [str(r.path) for r in groups["reference"]]
+    tuner = Workbook.open(tmp_path / "tuner")
+    assert tuner.ledger()[0]["adopted_from"] == [str(r.path) for r in groups["reference"]]
+    # a promoted arm that no longer changes the best (a kept round took it to the arm's lr) is noted, not run
+    from helpers.tune.autotune import AutotuneResult, Candidate
+    from helpers.tune.ttq_search import _Plan, _run_promoted, _Search
+    best = tuner.best_config()
+    same_lr = Candidate("recipe_same_lr", "recipe", {"lr": best.lr, "steps": best.steps // 2}, "test")
+    ctx = _Search(tuner, AutotuneResult(path=tuner.path, budget_s=1e6, objective="time_to_target"), time.monotonic(),
+                  2.6, 2, 3, False, lambda _: None)
+    plan = _Plan(9, best, tuner.best_runs(), 5.0, "", 5.5, 3.0, 1e6, 1.0, 1.0, [same_lr], 0)
+    _run_promoted(ctx, plan, [same_lr])
+    note = tuner.ledger()[-1]
+    assert note["name"] == "recipe_same_lr" and note["decision"] == "not run" and not ctx.result.rounds
+    assert note["why"].startswith("promoted but not run: the best moved since its screen: ") and "equals" in note["why"]
 
 
 @pytest.mark.slow
