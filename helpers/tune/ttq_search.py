@@ -377,7 +377,8 @@ def _screen(ctx: _Search, plan: _Plan) -> list[Candidate]:
     for k, arm in enumerate(plan.arms, 1):
         arm_cap = plan.cap if fastest is None else min(plan.cap, fastest * CAP_MARGIN)
         left = ctx.left_s()
-        on = fastest_recipe if fastest_recipe is not None and not set(arm.changes) & set(RECIPE) else None
+        is_recipe = bool(set(arm.changes) & set(RECIPE))
+        on = fastest_recipe if fastest_recipe is not None and not is_recipe else None
         cand, moved = ctx.wb.candidate(arm.name, arm.changes, TIME_TO_TARGET)  # moved: the arm's own group
         if on is not None:
             try:
@@ -397,8 +398,7 @@ def _screen(ctx: _Search, plan: _Plan) -> list[Candidate]:
         scored[-1].on = on.arm.name if on else ""
         if scored[-1].time_s is not None:
             fastest = scored[-1].time_s if fastest is None else min(fastest, scored[-1].time_s)
-            if set(arm.changes) & set(RECIPE) and (fastest_recipe is None or
-                                                  scored[-1].time_s < fastest_recipe.time_s):
+            if is_recipe and (fastest_recipe is None or scored[-1].time_s < fastest_recipe.time_s):
                 fastest_recipe = scored[-1]
     ranked = sorted([s for s in scored if s.time_s is not None], key=lambda s: s.time_s)
     top = [s for s in ranked[:max(1, math.ceil(len(scored) / ctx.eta))] if s.time_s < plan.t_best]
