@@ -35,7 +35,7 @@ def bare_loop(config_yaml: str, steps: int, skip: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         prep = prepare(cfg, Path(tmp))
         configure_mindspore(cfg)
-        step = build(cfg, prep, Path(tmp), resolve_kernels(cfg), cfg.steps).calls[0]
+        step = build(cfg, prep, Path(tmp), resolve_kernels(cfg)).calls[0]
         batches = iter(train_dataset(cfg, prep).create_tuple_iterator(num_epochs=1, output_numpy=True))
         for i in range(1, steps):
             x, y = next(batches)

@@ -56,7 +56,7 @@ def arm_steps(config_yaml: str, steps: int, warmup: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         prep = prepare(cfg, Path(tmp))
         configure_mindspore(cfg)
-        step, times = build(cfg, prep, Path(tmp), resolve_kernels(cfg), cfg.steps).calls[0], []
+        step, times = build(cfg, prep, Path(tmp), resolve_kernels(cfg)).calls[0], []
         it = train_dataset(cfg, prep).create_tuple_iterator(num_epochs=1, output_numpy=True)
         batches = [(ms.Tensor(x), ms.Tensor(y)) for (x, y), _ in zip(it, range(8))]
         for i in range(warmup + steps):

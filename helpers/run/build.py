@@ -1,13 +1,12 @@
-"""What one run trains with, built for its config once MindSpore is set up: the model, its loss, the learning-rate
-schedule, the optimizer and step Cells (as the loop calls them), the hooks, the device-memory reader, the validation
-batches, the test-only ballast and the AMP dtype audit. `bench/` builds the same for its bare step loops."""
+"""What one run trains with, built for its config once MindSpore is set up: the model, its loss, the optimizer and
+step Cells (as the loop calls them), the hooks (they set each step's learning rate, run/schedule.py), the
+device-memory reader, the validation batches, the test-only ballast and the AMP dtype audit. `bench/` builds the
+same for its bare step loops."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import math
 
 import numpy as np
 
@@ -17,31 +16,11 @@ from helpers.run.hooks import RunHooks
 from helpers.run.memory import DeviceMemory
 from helpers.run.monitors import effective_max_grad_norm
 from helpers.run.precision import apply_precision
+from helpers.run.schedule import lr_at
 
 if TYPE_CHECKING:
     from helpers.run.data import Prepared
     from helpers.run.step import Stepper
-
-
-def lr_at(cfg: Config, step: int, peak: float | None = None) -> float:
-    """Learning rate for 1-based optimizer step `step`: linear warm-up, then cosine/linear/constant decay, or wsd
-    (stable at the peak, then a linear decay over the last cooldown_frac of the steps). peak: the peak instead of
-    cfg.lr (Muon's muon_lr), its floor scaled as min_lr is to lr."""
-    top = cfg.lr if peak is None else peak
-    floor = cfg.min_lr if peak is None else cfg.min_lr * peak / cfg.lr
-    if cfg.warmup and step <= cfg.warmup:
-        return top * step / cfg.warmup
-    if cfg.schedule == "constant" or cfg.steps <= cfg.warmup:
-        return top
-    if cfg.schedule == "wsd":
-        start = max(cfg.warmup, cfg.steps - round(cfg.cooldown_frac * cfg.steps))
-        if step <= start:
-            return top
-        progress = min(1.0, (step - start) / max(1, cfg.steps - start))
-        return floor + (1 - progress) * (top - floor)
-    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
-    return floor + shape * (top - floor)
 
 
 @dataclass
@@ -86,10 +65,10 @@ def model_vocab(cfg: Config, prep: Prepared) -> int:
     return vocab
 
 
-def build(cfg: Config, prep: Prepared, run_dir: Path, kernels: str, lr_steps: int) -> Built:
+def build(cfg: Config, prep: Prepared, run_dir: Path, kernels: str) -> Built:
     """Build `cfg`'s model and step into MindSpore (already configured, `train.configure_mindspore`), with the
-    resolved `kernels` and an LR list of `lr_steps` steps (a round's arm trains measurement-only steps past its
-    `steps`: lr_at is min_lr there). Under AMP also writes run_dir/dtype_audit.json."""
+    resolved `kernels`; the hooks set the LR of each step (run/schedule.py). Under AMP also writes
+    run_dir/dtype_audit.json."""
     import mindspore as ms
     from helpers.run.data import val_batches
     from helpers.run.model import LossNet, build_model, count_params, flops_per_token
@@ -103,12 +82,11 @@ def build(cfg: Config, prep: Prepared, run_dir: Path, kernels: str, lr_steps: in
             block.recompute()
     backbone = apply_precision(backbone, cfg)
     loss_net, eval_net = LossNet(backbone, vocab), LossNet(backbone, vocab)
-    lrs = [lr_at(cfg, s) for s in range(1, lr_steps + 1)]
     if cfg.optimizer == "muon":
-        optimizer = make_muon(backbone, lrs, [lr_at(cfg, s, cfg.muon_lr) for s in range(1, lr_steps + 1)],
-                              cfg.weight_decay, cfg.betas, cfg.eps, cfg.muon_momentum, cfg.muon_ns_steps)
+        optimizer = make_muon(backbone, lr_at(cfg, 1), lr_at(cfg, 1, cfg.muon_lr), cfg.weight_decay, cfg.betas,
+                              cfg.eps, cfg.muon_momentum, cfg.muon_ns_steps)
     else:
-        optimizer = make_optimizer(backbone, lrs, cfg.weight_decay, cfg.betas, cfg.eps)
+        optimizer = make_optimizer(backbone, lr_at(cfg, 1), cfg.weight_decay, cfg.betas, cfg.eps)
     stepper = Stepper(loss_net, optimizer, effective_max_grad_norm(cfg), cfg.loss_scale, cfg.loss_scale_value,
                       cfg.loss_scale_window, cfg.grad_accum_steps, cfg.grad_norm)
     hooks = RunHooks(cfg, run_dir, optimizer)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from helpers.config import Config, ConfigError
 from helpers.record import METRICS_FILE, RecordWriter, read_metric_rows, write_failure
+from helpers.run.schedule import LR_PARAMETERS
 
 CHECKPOINTS_DIR = "checkpoints"
 
@@ -63,7 +64,8 @@ def restore(cfg: Config, cells: list) -> int:
         part.unlink(missing_ok=True)
     params = ms.load_checkpoint(str(ckpt))
     step = int(params.pop("step").asnumpy())
-    params.pop("learning_rate", None)
+    for name in LR_PARAMETERS:  # the host sets them (run/schedule.py); an older checkpoint holds a per-step list
+        params.pop(name, None)
     for cell in cells:
         ms.load_param_into_net(cell, params, strict_load=False)
     return step

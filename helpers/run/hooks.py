@@ -1,12 +1,14 @@
-"""What the train loop calls besides training: the stability monitors and the profiler window."""
+"""What the train loop calls besides training: each step's learning rate, the stability monitors and the profiler
+window."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from helpers.config import Config
-from helpers.run.monitors import Monitors, lr_parameter
+from helpers.run.monitors import Monitors
 from helpers.run.profile import ProfileWindow, analyse, summary_keys
 from helpers.record import RecordError
+from helpers.run.schedule import LearningRates
 
 
 class RunHooks:
@@ -14,13 +16,19 @@ class RunHooks:
 
     def __init__(self, cfg: Config, run_dir: Path, optimizer):
         self.cfg, self.run_dir = cfg, Path(run_dir)
-        lr = lr_parameter(optimizer) if cfg.monitor.grad_norm_action == "lower_lr" else None
-        self.monitors = Monitors(cfg, self.run_dir, lr)
+        self.lrs = LearningRates(cfg, optimizer)
+        self.monitors = Monitors(cfg, self.run_dir)
         self.window = ProfileWindow(cfg, self.run_dir)
 
     def before_step(self, step: int) -> None:
-        """Before the step is timed: opens the profiler window on its first step."""
+        """Before the step is timed: sets its learning rate (scaled by the monitors' lower_lr), opens the profiler
+        window on its first step."""
+        self.set_lr(step)
         self.window.before_step(step)
+
+    def set_lr(self, step: int) -> None:
+        """The optimizer's learning rate for 1-based `step` (a measurement-only step past `steps` too)."""
+        self.lrs.set(step, self.monitors.lr_scale)
 
     def after_row(self, row: dict) -> str | None:
         """After the row is built (timing done): monitors, then the profiler's step. Returns a stop reason."""

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from helpers.config import Config
-from helpers.run.build import Built, lr_at
+from helpers.run.build import Built
 from helpers.run.metrics import Ema, rss_bytes
 from helpers.run.rows import StepSink
+from helpers.run.schedule import lr_at
 
 
 @dataclass
@@ -85,11 +86,12 @@ class StepLoop:
 
     def extra(self, n: int) -> tuple[list[float], list[float | None]]:
         """Up to `n` measurement-only steps after a finished record: the same Cells on the batches that follow the
-        run's own, from the same pipeline (it was built `extra_steps` longer, as the optimizer's LR list: lr_at is
-        min_lr past the end), so they cost what more steps of a longer run would; no metrics row, monitor or
+        run's own, from the same pipeline (it was built `extra_steps` longer; the learning rate stays at the last
+        step's), so they cost what more steps of a longer run would; no metrics row, monitor or
         checkpoint. Their times and data waits (ms)."""
         times, waits = [], []
         for _ in range(min(n, self.extra_steps - self.extra_done)):
+            self.built.hooks.set_lr(self.cfg.steps + self.extra_done + 1)
             t0 = time.perf_counter()
             wait_ms = self._one_step()[-1]
             self.extra_done += 1

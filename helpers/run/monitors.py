@@ -80,14 +80,6 @@ def effective_max_grad_norm(cfg: Config) -> float:
     return cfg.max_grad_norm
 
 
-def lr_parameter(optimizer):
-    """The optimizer's per-step LR list (a Parameter named 'learning_rate'), or None."""
-    for p in optimizer.get_parameters():
-        if p.name == "learning_rate" and p.ndim == 1:
-            return p
-    return None
-
-
 def load_callbacks(specs: list[str], cfg: Config) -> list[Callable[[dict], str | None]]:
     """Import each 'pkg.mod:factory' and call factory(cfg) -> fn(row) returning alarm text or None."""
     out = []
@@ -103,13 +95,11 @@ def load_callbacks(specs: list[str], cfg: Config) -> list[Callable[[dict], str |
 
 
 class Monitors:
-    """The stability checks, fed one metrics row per step by the train loop.
+    """The stability checks, fed one metrics row per step by the train loop. `lr_scale` is what
+    grad_norm_action=lower_lr has made of the learning rate; the hooks apply it to later steps."""
 
-    lr_param: the optimizer's LR-list Parameter, needed only for grad_norm_action=lower_lr.
-    """
-
-    def __init__(self, cfg: Config, run_dir: Path, lr_param=None):
-        self.cfg, self.mon, self.run_dir, self.lr_param = cfg, cfg.monitor, Path(run_dir), lr_param
+    def __init__(self, cfg: Config, run_dir: Path):
+        self.cfg, self.mon, self.run_dir = cfg, cfg.monitor, Path(run_dir)
         self.callbacks = load_callbacks(self.mon.callbacks, cfg)
         self.alarms: list[Alarm] = []
         self.counts: dict[str, int] = {}
@@ -185,14 +175,7 @@ class Monitors:
         return None
 
     def _lower_lr(self, row: dict, text: str) -> None:
-        if self.lr_param is None:
-            self._alarm(row, "grad_norm", f"{text}; LR not lowered: the optimizer has no per-step LR list")
-            return
-        from mindspore import Tensor
-        lrs = self.lr_param.asnumpy().copy()
-        lrs[row["step"]:] *= self.mon.lr_factor  # index i is step i+1: only later steps change
-        self.lr_param.set_data(Tensor(lrs))
-        self.lr_scale *= self.mon.lr_factor
+        self.lr_scale *= self.mon.lr_factor  # from the next step on: this row's step has run
         self._alarm(row, "grad_norm", f"{text}; LR of later steps scaled to {self.lr_scale:.3g}x")
 
     def _spike(self, row: dict) -> None:

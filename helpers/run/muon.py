@@ -3,7 +3,7 @@
 Muon (from the small-GPT speed records): keep a momentum of each hidden weight's gradient, take its Nesterov step,
 and replace that update by the nearest semi-orthogonal matrix (all singular values ≈ 1), found with a few
 Newton–Schulz iterations of a quintic polynomial; then scale it by sqrt(max(1, rows/cols)) and step. Embeddings,
-norms, biases and the (tied) head stay on AdamW, whose learning-rate list and betas are the run's own. The
+norms, biases and the (tied) head stay on AdamW, whose learning rate and betas are the run's own. The
 iterations run in fp32 whatever precision the model computes in.
 """
 from __future__ import annotations
@@ -52,10 +52,11 @@ def hidden_weights(params: list[Parameter]) -> list[Parameter]:
 
 class MuonAdamW(nn.Cell):
     """Called as an optimizer (`optimizer(grads)`, grads in the order of `parameters`): Muon on the hidden
-    weights with a per-step LR list, MindSpore's AdamWeightDecay on the rest with its own."""
+    weights with a scalar LR Parameter (`muon_learning_rate`, set by the host before every step), MindSpore's
+    AdamWeightDecay on the rest with its own."""
 
     def __init__(self, params: list[Parameter], adam: Callable[[list[Parameter]], nn.Optimizer],
-                 muon_lrs: list[float], momentum: float, ns_steps: int):
+                 muon_lr: float, momentum: float, ns_steps: int):
         super().__init__(auto_prefix=False)
         hidden = hidden_weights(params)
         if not hidden:
@@ -67,17 +68,13 @@ class MuonAdamW(nn.Cell):
         self.parameters = ParameterTuple(hidden + rest)
         self.adam = adam(rest)
         self.buffers = ParameterTuple(hidden).clone(prefix="muon_momentum", init="zeros")
-        self.muon_learning_rate = Parameter(Tensor(muon_lrs, ms.float32), name="muon_learning_rate",
+        self.muon_learning_rate = Parameter(Tensor(muon_lr, ms.float32), name="muon_learning_rate",
                                             requires_grad=False)
-        self.muon_global_step = Parameter(Tensor(0, ms.int32), name="muon_global_step", requires_grad=False)
         self.momentum = Tensor(momentum, ms.float32)
         self.ns_steps = ns_steps
         self.hyper_map = C.HyperMap()
 
     def construct(self, grads):
-        lr = self.muon_learning_rate[self.muon_global_step]
-        done = self.hyper_map(ops.partial(_muon_step, self.ns_steps, lr, self.momentum),
+        done = self.hyper_map(ops.partial(_muon_step, self.ns_steps, self.muon_learning_rate, self.momentum),
                               self.parameters[:self.n_hidden], grads[:self.n_hidden], self.buffers)
-        step = ops.depend(self.muon_global_step, done)
-        ops.assign_add(self.muon_global_step, ops.ones_like(step))
         return ops.depend(self.adam(grads[self.n_hidden:]), done)

@@ -20,14 +20,13 @@ from helpers.config import Config
 from helpers.paths import DATA_CACHE
 
 # Keys that do not change the compiled graph: where the cache lives, where a resume starts from, when a run ends;
-# the input pipeline (its batches are the graph's inputs; the vocabulary, which sizes the graph, is `graph_key`);
-# what is measured or watched from Python (profiler window, monitors that only read), evaluation and checkpoint
-# cadence; the learning-rate schedule's values (the per-step LR list is AdamWeightDecay's `learning_rate`
-# Parameter, whose length, `steps`, is in the graph and its values are not). The seed only matters to random ops
-# in the graph (`_graph_keys`).
+# the input pipeline and the corpus (its batches are the graph's inputs; the vocabulary, which sizes the graph, is
+# `graph_key`); what is measured or watched from Python (profiler window, monitors that only read), evaluation and
+# checkpoint cadence; the learning-rate schedule and the step count (the host sets the optimizer's scalar LR
+# Parameters before every step, run/schedule.py). The seed only matters to random ops in the graph (`_graph_keys`).
 _NOT_IN_GRAPH = ("compile_cache", "compile_cache_path", "resume_from", "target_val_loss", "max_time_s",
-                 "lr", "warmup", "schedule", "min_lr",
-                 "data.autotune", "data.num_parallel_workers", "data.order", "data.prefetch",
+                 "steps", "lr", "warmup", "schedule", "min_lr", "cooldown_frac", "muon_lr", "monitor.lr_factor",
+                 "data.corpus", "data.autotune", "data.num_parallel_workers", "data.order", "data.prefetch",
                  "data.python_multiprocessing", "data.shuffle_buffer", "data.source_delay_ms", "data.tokenize",
                  "data.val_fraction", "monitor.profile_steps", "monitor.profile_start", "monitor.spike_ratio",
                  "monitor.throughput_window", "monitor.memory_window", "monitor.memory_slope_limit",
@@ -80,6 +79,33 @@ def compile_cache_dir(cfg: Config, graph_key: str = "") -> Path:
     key = repr((sorted(_graph_keys(cfg).items()), graph_key, ms.__version__))
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(cfg.compile_cache_path or DATA_CACHE / "compile") / digest
+
+
+# The lock this process holds on the cache folder it compiles into (path, open file), for the process's life.
+_held: list = []
+
+
+def claim_cache_folder(folder: Path) -> str:
+    """Take this process's exclusive hold on a compile-cache folder, for as long as it lives ("" when it has it,
+    else why it compiles without the cache). One process at a time: MindSpore writes a cold (or stale) folder's
+    graph files in place, and a second process reading or writing them then would load a half-written graph.
+    Two processes of one graph at once (a round's arms, two test workers) thus compile the second cold."""
+    import fcntl
+    folder = Path(folder)
+    if _held and _held[0][0] == folder:
+        return ""
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = open(folder / ".in_use", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return (f"compile cache off: another process is compiling into or loading from {folder}; "
+                f"this run compiles without it")
+    while _held:  # a second run in this process, of another graph
+        _held.pop()[1].close()
+    _held.append((folder, lock))
+    return ""
 
 
 class FixedCost:

@@ -10,6 +10,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, amp, nn, ops
 from mindspore.ops import composite as C
 
+from helpers.run.schedule import LR_PARAMETERS
+
 _square_sum = ops.MultitypeFuncGraph("square_sum")
 _flatten = ops.MultitypeFuncGraph("flatten")
 _scale_grad = ops.MultitypeFuncGraph("scale_grad")
@@ -160,30 +162,31 @@ class ApplyStep(nn.Cell):
         return norm, finite, self.micro.update.scale_value()
 
 
-def make_optimizer(net: nn.Cell, lrs: list[float], weight_decay: float, betas, eps: float) -> nn.Optimizer:
-    """AdamW (MindSpore's fused AdamWeightDecay; no bias correction) with a per-step LR list.
+def make_optimizer(net: nn.Cell, lr: float, weight_decay: float, betas, eps: float) -> nn.Optimizer:
+    """AdamW (MindSpore's fused AdamWeightDecay; no bias correction) with a scalar LR Parameter, `lr` until the
+    host sets it (run/schedule.py sets it before every step).
 
     Decay applies to matrices only (as nanoGPT): norms and biases are not decayed.
     """
-    return adamw(net.trainable_params(), lrs, weight_decay, betas, eps)
+    return adamw(net.trainable_params(), lr, weight_decay, betas, eps)
 
 
-def make_muon(net: nn.Cell, lrs: list[float], muon_lrs: list[float], weight_decay: float, betas, eps: float,
+def make_muon(net: nn.Cell, lr: float, muon_lr: float, weight_decay: float, betas, eps: float,
               momentum: float, ns_steps: int) -> nn.Cell:
-    """optimizer=muon (helpers/run/muon.py): Muon on the blocks' 2-D weights with the per-step list `muon_lrs`,
-    AdamW (`make_optimizer`'s) on the rest with `lrs`."""
+    """optimizer=muon (helpers/run/muon.py): Muon on the blocks' 2-D weights with the scalar LR `muon_lr`,
+    AdamW (`make_optimizer`'s) on the rest with `lr` (both Parameters the host sets before every step)."""
     from helpers.run.muon import MuonAdamW
-    return MuonAdamW(net.trainable_params(), lambda rest: adamw(rest, lrs, weight_decay, betas, eps), muon_lrs,
+    return MuonAdamW(net.trainable_params(), lambda rest: adamw(rest, lr, weight_decay, betas, eps), muon_lr,
                      momentum, ns_steps)
 
 
-def adamw(params: list[Parameter], lrs: list[float], weight_decay: float, betas, eps: float) -> nn.Optimizer:
-    """AdamWeightDecay over `params`, decaying the matrices only."""
+def adamw(params: list[Parameter], lr: float, weight_decay: float, betas, eps: float) -> nn.Optimizer:
+    """AdamWeightDecay over `params` with a scalar LR Parameter (`learning_rate`), decaying the matrices only."""
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [g for g in ({"params": decay, "weight_decay": weight_decay},
                           {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
-    return nn.AdamWeightDecay(groups, learning_rate=lrs, beta1=betas[0], beta2=betas[1], eps=eps)
+    return nn.AdamWeightDecay(groups, learning_rate=Tensor(lr, ms.float32), beta1=betas[0], beta2=betas[1], eps=eps)
 
 
 class Stepper:
@@ -206,9 +209,9 @@ class Stepper:
     def parameters_and_state(self) -> list[Parameter]:
         """Everything a checkpoint needs: weights, optimizer moments, step, loss scale, accum buffers.
 
-        The LR list is left out: it is derived from the config, and a resumed run may change `steps`.
+        The LR Parameters are left out: the host sets them from the config before every step.
         """
-        seen, out = {"learning_rate"}, []
+        seen, out = set(LR_PARAMETERS), []
         for cell in self.cells:
             for p in cell.get_parameters():
                 if p.name not in seen:

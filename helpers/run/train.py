@@ -34,7 +34,7 @@ from helpers.run.kernels import resolve_kernels
 from helpers.run.loop import Outcome, StepLoop, feed
 from helpers.run.peaks import hardware_peak, matmul_shapes, peak_flops_info, peak_summary
 from helpers.run.rows import fan_out
-from helpers.run.startup import FixedCost, compile_cache_dir
+from helpers.run.startup import FixedCost, claim_cache_folder, compile_cache_dir
 from helpers.run.summary import Peaks, write_final_summary
 
 
@@ -56,8 +56,9 @@ def configure_mindspore(cfg: Config, graph_key: str = "") -> str:
     cache_off = _no_entry_script() if cfg.compile_cache else ""
     if cfg.compile_cache and not cache_off:
         cache = compile_cache_dir(cfg, graph_key)
-        cache.mkdir(parents=True, exist_ok=True)
-        ms.set_context(enable_compile_cache=True, compile_cache_path=str(cache))
+        cache_off = claim_cache_folder(cache)
+        if not cache_off:
+            ms.set_context(enable_compile_cache=True, compile_cache_path=str(cache))
     if cfg.threads and cfg.device_target == "CPU":
         _set_threads(cfg.threads)
     if cfg.memory_optimize != "O0":  # Ascend only (config refuses it elsewhere); before the memory pool is made
@@ -257,7 +258,7 @@ class Trainer:
             return info["flops"], peak_summary(info, hardware)
         self._peaks = Peaks(peak_info["flops"], (hardware or {}).get("flops"), remeasure)
         with cost.phase("build"):
-            self._built = build(cfg, prep, self.run_dir, kernels, cfg.steps + self.turns.extra_steps)
+            self._built = build(cfg, prep, self.run_dir, kernels)
         if self._built.amp_audit is not None:
             self.extra_summary["amp_audit"] = self._built.amp_audit
         if self._built.init is not None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from helpers import config as config_mod
-from helpers.config import Config, with_changes
+from helpers.config import Config
 from helpers.paired import Measurement
 from helpers.paths import REPO_ROOT, absolute
 from helpers.record import RecordError, RunRecord, atomic_write_json, load_run
@@ -249,14 +249,13 @@ def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, sto
 
 def _arm_configs(reference: Config, candidate: Config, profile_steps: int) -> dict[str, Config]:
     """Each arm's config as its process trains it: with a profiler window of `profile_steps` (unless it has its
-    own), and compiled cold: MindSpore keys its cache by source files, two arms of one config would fill one folder
-    at the same time, and the measurement-only steps lengthen the LR list, which the cache's key does not hold (a
-    warm arm then failed in Gather past the old list's end)."""
+    own). Each keeps its compile cache: the measurement-only steps are outside the graph (run/schedule.py), and of
+    two arms of one graph the second to start compiles without it (run/startup.claim_cache_folder)."""
     cfgs = {}
     for name, cfg in (("reference", reference), ("candidate", candidate)):
         if profile_steps and not cfg.monitor.profile_steps:
             cfg = with_profiler(cfg, profile_steps)
-        cfgs[name] = with_changes(cfg, {"compile_cache": False})
+        cfgs[name] = cfg
     return cfgs
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from helpers.config import ConfigError, from_dict
 from helpers.record import load_run
-from helpers.run.build import lr_at
+from helpers.run.schedule import lr_at
 from helpers.tune.study import base_config
 
 RNG = np.random.default_rng(7)
@@ -149,7 +149,7 @@ def test_one_muon_step_updates_hidden_weights_by_the_orthogonalised_momentum_and
     from helpers.run.muon import hidden_weights
     from helpers.run.step import make_muon
     net, cfg = _gpt()
-    opt = make_muon(net, [1e-3] * 4, [0.05] * 4, 0.0, [0.9, 0.99], 1e-8, 0.95, 5)
+    opt = make_muon(net, 1e-3, 0.05, 0.0, [0.9, 0.99], 1e-8, 0.95, 5)
     params = list(opt.parameters)
     hidden = {p.name for p in hidden_weights(net.trainable_params())}
     assert {p.name for p in params[:len(hidden)]} == hidden and "tok.embedding_table" not in hidden
@@ -175,7 +175,7 @@ def test_one_muon_step_updates_hidden_weights_by_the_orthogonalised_momentum_and
             assert np.abs(delta).max() > 0, p.name  # AdamW moved it
     buf = {b.name: b.asnumpy() for b in opt.buffers}
     assert len(buf) == len(hidden) and all(np.abs(v).max() > 0 for v in buf.values())
-    assert int(opt.muon_global_step.asnumpy()) == 1
+    assert opt.muon_learning_rate.shape == () and float(opt.muon_learning_rate.asnumpy()) == pytest.approx(0.05)
 
 
 def test_the_levers_are_checked_before_training():

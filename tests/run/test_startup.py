@@ -39,13 +39,13 @@ def test_warm_compile_cache_trains_like_cold_and_is_per_config(tmp_path, small_c
 
 
 def test_keys_outside_the_graph_share_a_cache_folder_and_train_as_without_it(tmp_path, small_corpus):
-    """Seed (no dropout), data pipeline, profiler window, evaluation cadence and the LR schedule's values do not
-    change the compiled graph: a run differing only in them loads the cached graph and trains exactly as it does
-    uncached (so the LR it trains with is its own, not the cached run's)."""
+    """Seed (no dropout), data pipeline, profiler window, evaluation cadence, the LR schedule and the step count do
+    not change the compiled graph: a run differing only in them loads the cached graph and trains exactly as it
+    does uncached (so the LR it trains with is its own, not the cached run's)."""
     cache = f"compile_cache_path={tmp_path / 'cache'}"
     first, _ = _train(tmp_path / "first", small_corpus, cache, "seed=1")
     other = ["seed=2", "data.shuffle_buffer=4", "data.num_parallel_workers=2", "eval_every=5", "steady_after=2",
-             "lr=0.004", "warmup=2", "schedule=linear", "min_lr=0.0005"]
+             "lr=0.004", "warmup=2", "schedule=linear", "min_lr=0.0005", "steps=14"]
     warm, warm_s = _train(tmp_path / "warm", small_corpus, cache, *other)
     fresh, fresh_s = _train(tmp_path / "fresh", small_corpus, "compile_cache=false", *other)
     assert len(list((tmp_path / "cache").iterdir())) == 1  # one folder: the second run found the first's
@@ -56,6 +56,20 @@ def test_keys_outside_the_graph_share_a_cache_folder_and_train_as_without_it(tmp
     _train(tmp_path / "drop1", small_corpus, cache, "seed=1", "model.dropout=0.1")
     _train(tmp_path / "drop2", small_corpus, cache, "seed=2", "model.dropout=0.1")
     assert len(list((tmp_path / "cache").iterdir())) == 3
+
+
+def test_a_cache_folder_is_held_by_one_process_at_a_time(tmp_path):
+    """A second process asking for a folder another holds is told why it compiles without it; the holder may ask
+    again; the hold ends with the holder's process."""
+    from helpers.run.startup import claim_cache_folder
+    folder = tmp_path / "cache" / "abc"
+    ask = [sys.executable, "-c", f"from helpers.run.startup import claim_cache_folder as c; print(c({str(folder)!r}))"]
+    assert claim_cache_folder(folder) == "" and claim_cache_folder(folder) == ""
+    other = subprocess.run(ask, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert other.stdout.strip() == (f"compile cache off: another process is compiling into or loading from {folder}; "
+                                    f"this run compiles without it")
+    assert claim_cache_folder(tmp_path / "cache" / "def") == ""  # another graph: the first folder is let go
+    assert subprocess.run(ask, cwd=REPO, capture_output=True, text=True, timeout=60).stdout.strip() == ""
 
 
 def test_fixed_cost_phases_are_in_the_summary(tmp_path, small_corpus):
