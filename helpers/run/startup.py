@@ -86,25 +86,27 @@ _held: list = []
 
 
 def claim_cache_folder(folder: Path) -> str:
-    """Take this process's exclusive hold on a compile-cache folder, for as long as it lives ("" when it has it,
+    """Take this process's exclusive hold on its part of a compile-cache folder (MindSpore writes each rank's
+    graphs to rank_<RANK_ID>/ inside it; RANK_ID is msrun's, 0 alone), for as long as it lives ("" when it has it,
     else why it compiles without the cache). One process at a time: MindSpore writes a cold (or stale) folder's
     graph files in place, and a second process reading or writing them then would load a half-written graph.
     Two processes of one graph at once (a round's arms, two test workers) thus compile the second cold."""
     import fcntl
     folder = Path(folder)
-    if _held and _held[0][0] == folder:
+    part = f"rank_{os.environ.get('RANK_ID', '0')}"
+    if _held and _held[0][0] == (folder, part):
         return ""
     folder.mkdir(parents=True, exist_ok=True)
-    lock = open(folder / ".in_use", "w")
+    lock = open(folder / f".{part}.in_use", "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        return (f"compile cache off: another process is compiling into or loading from {folder}; "
+        return (f"compile cache off: another process is compiling into or loading from {folder / part}; "
                 f"this run compiles without it")
     while _held:  # a second run in this process, of another graph
         _held.pop()[1].close()
-    _held.append((folder, lock))
+    _held.append(((folder, part), lock))
     return ""
 
 
