@@ -76,13 +76,6 @@ def _ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: one worker more than the cores. A worker often waits on a process it started (a notebook
-    kernel, msrun, Chromium, a training child's start-up): with one per core the suite used 1.6 of 2 cores
-    (CPU seconds ÷ wall), and a third worker took it from 765 s to 676 s here (all passed)."""
-    return (os.cpu_count() or 1) + 1
-
-
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{CI_REQUIRED}: must run in CI; a skip there (no chromium, no root, no npm) "
                                        f"fails the run instead of passing green")
@@ -98,6 +91,18 @@ def pytest_runtest_makereport(item, call):
         reason = reason.removeprefix("Skipped: ")
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, where it must run ({CI_REQUIRED}): {reason}"
+
+
+def mindspore_on_cpu(mode: str = "graph") -> None:
+    """MindSpore in this test process on the CPU, in graph mode or "pynative". set_device refuses a second call
+    once the runtime has run a kernel, as another in-process test in this worker may have: on the same device."""
+    import mindspore as ms
+    try:
+        ms.set_device("CPU")
+    except RuntimeError:
+        if ms.get_context("device_target") != "CPU":
+            raise
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
 
 
 def shared_dir(tmp_path_factory) -> Path:

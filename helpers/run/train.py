@@ -50,8 +50,10 @@ def configure_mindspore(cfg: Config, graph_key: str = "") -> str:
     try:
         ms.set_device(cfg.device_target)
     except (RuntimeError, ValueError) as exc:
-        raise TrainError(f"device_target={cfg.device_target} is not available here ({str(exc).splitlines()[0]}); "
-                         f"use device_target=CPU on this machine") from None
+        # a second run in one process: MindSpore refuses set_device once its runtime has run, on the same device
+        if ms.get_context("device_target") != cfg.device_target or not _runtime_started(exc):
+            raise TrainError(f"device_target={cfg.device_target} is not available here "
+                             f"({str(exc).splitlines()[0]}); use device_target=CPU on this machine") from None
     ms.set_context(mode=ms.GRAPH_MODE if cfg.mode == "graph" else ms.PYNATIVE_MODE)
     cache_off = _no_entry_script() if cfg.compile_cache else ""
     if cfg.compile_cache and not cache_off:
@@ -65,6 +67,11 @@ def configure_mindspore(cfg: Config, graph_key: str = "") -> str:
         ms.runtime.set_memory(optimize_level=cfg.memory_optimize)
     reseed(cfg)
     return cache_off
+
+
+def _runtime_started(exc: Exception) -> bool:
+    """Whether MindSpore refused set_device because its runtime has already run in this process."""
+    return "has been initialized" in str(exc)
 
 
 def _no_entry_script() -> str:

@@ -8,6 +8,7 @@ from helpers.config import Config, ConfigError, from_dict, with_changes
 from helpers.run.peaks import PEAK_DTYPES, measure_peak_flops, peak_dtype
 from helpers.tune.autotune import candidates
 from helpers.tune.diagnose import Diagnosis
+from tests.conftest import mindspore_on_cpu
 
 LEVERS = [({"jit_level": "O2"}, "Ascend"), ({"memory_optimize": "O1"}, "Ascend"),
           ({"dataset_sink": True}, "Ascend or GPU"), ({"model.attention": "flash", "amp_level": "O2"}, "Ascend")]
@@ -50,8 +51,7 @@ def test_every_dtype_the_config_can_train_in_has_a_peak_dtype():
 
 
 def test_bf16_peak_on_cpu_is_one_line_saying_the_device_has_no_bf16_matmul():
-    import mindspore as ms
-    ms.set_device("CPU")
+    mindspore_on_cpu()
     with pytest.raises(RuntimeError) as err:  # MindSpore's CPU MatMul rejects BFloat16 (measured here)
         measure_peak_flops("bf16", [(64, 64, 64)], repeats=1)
     assert str(err.value).startswith("no bf16 matmul on this device") and "\n" not in str(err.value)

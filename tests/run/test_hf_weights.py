@@ -11,7 +11,7 @@ from safetensors.numpy import save_file
 from helpers.config import from_dict
 from helpers.run.hf_weights import WeightsError, load_into, model_settings, read_tensors, write_checkpoint
 from helpers.record import load_run
-from tests.conftest import run_cli, tiny_args
+from tests.conftest import mindspore_on_cpu, run_cli, tiny_args
 
 VOCAB, LAYERS, HEADS, D, SEQ = 40, 2, 2, 32, 16
 
@@ -69,9 +69,7 @@ def model_cfg(**model):
 
 @pytest.fixture(scope="module", autouse=True)
 def pynative():
-    import mindspore as ms
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
+    mindspore_on_cpu("pynative")
 
 
 def gpt(m, native=False):

@@ -11,6 +11,7 @@ import pytest
 
 from helpers.config import ConfigError, from_dict
 from helpers.run import kernels
+from tests.conftest import mindspore_on_cpu
 
 _skip_unbuilt = pytest.mark.skipif("not built" in kernels.library_problem(),
                                    reason="native kernels not built (run `make kernels`; needs g++)")
@@ -25,9 +26,7 @@ RNG = np.random.default_rng(0)
 
 @pytest.fixture(scope="module", autouse=True)
 def graph_mode():
-    import mindspore as ms
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
+    mindspore_on_cpu()
 
 
 def _values_and_grads(net, inputs, dout):

@@ -12,15 +12,14 @@ from helpers.config import ConfigError, from_dict
 from helpers.record import load_run
 from helpers.run.schedule import lr_at
 from helpers.tune.study import base_config
+from tests.conftest import mindspore_on_cpu
 
 RNG = np.random.default_rng(7)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def graph_mode():
-    import mindspore as ms
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
+    mindspore_on_cpu()
 
 
 def _t(a):

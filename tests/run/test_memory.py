@@ -6,6 +6,7 @@ import pytest
 from helpers.record import DEVICE, RSS, memory_label
 from helpers.run.memory import DeviceMemory, default_memory_limit, device_total_bytes
 from helpers.run.metrics import peak_rss_bytes, summarize
+from tests.conftest import mindspore_on_cpu
 
 
 def _rows(device_bytes):
@@ -16,10 +17,7 @@ def _rows(device_bytes):
 def test_device_reader_runs_mindspores_api_on_cpu_and_reads_its_documented_zeros():
     import mindspore as ms
     import numpy as np
-    try:
-        ms.set_device("CPU")
-    except RuntimeError:  # an earlier test in this process already ran a kernel (on CPU, the only device here)
-        pass
+    mindspore_on_cpu()
     reader = DeviceMemory("CPU")
     x = ms.Tensor(np.ones((256, 256), np.float32))
     (x @ x).asnumpy()

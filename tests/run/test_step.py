@@ -4,6 +4,7 @@ import pytest
 
 from helpers.config import from_dict
 from helpers.run.schedule import lr_at
+from tests.conftest import mindspore_on_cpu
 
 
 def test_lr_schedule_warmup_then_cosine_to_min():
@@ -24,8 +25,7 @@ def test_the_host_sets_each_steps_lr_into_one_scalar_parameter_that_the_compiled
     from helpers.run.schedule import LearningRates
     from helpers.run.step import Stepper, make_optimizer
 
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    mindspore_on_cpu(mode)
     ms.set_seed(0)
     cfg = from_dict({"model": {"preset": "tiny"}, "lr": 1e-2, "min_lr": 1e-3, "warmup": 2, "steps": 6})
     net = GPT(cfg.model, 50, False)
@@ -47,7 +47,7 @@ def test_the_host_sets_each_steps_lr_into_one_scalar_parameter_that_the_compiled
     # AdamW moves a weight by about lr a step (the largest by up to ~2×): step 2 at the peak 1e-2, step 6 at the
     # floor 1e-3
     assert 0.5e-2 < moved[1] < 2e-2 and 0.5e-3 < moved[2] < 2e-3, moved
-    ms.set_context(mode=ms.GRAPH_MODE)
+    mindspore_on_cpu()
 
 
 def test_gradient_accumulation_4x2_equals_one_batch_of_8():
@@ -56,8 +56,7 @@ def test_gradient_accumulation_4x2_equals_one_batch_of_8():
     from helpers.run.model import GPT, LossNet
     from helpers.run.step import MicroStep, _Update, make_optimizer
 
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
+    mindspore_on_cpu()
     ms.set_seed(0)
     cfg = from_dict({"model": {"preset": "tiny"}})
     net = GPT(cfg.model, 50, False)
