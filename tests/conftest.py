@@ -94,14 +94,11 @@ def pytest_runtest_makereport(item, call):
 
 
 def mindspore_on_cpu(mode: str = "graph") -> None:
-    """MindSpore in this test process on the CPU, in graph mode or "pynative". set_device refuses a second call
-    once the runtime has run a kernel, as another in-process test in this worker may have: on the same device."""
+    """MindSpore in this test process on the CPU, in graph mode or "pynative" (another in-process test in this
+    worker may have set it up already: `use_device`)."""
     import mindspore as ms
-    try:
-        ms.set_device("CPU")
-    except RuntimeError:
-        if ms.get_context("device_target") != "CPU":
-            raise
+    from helpers.run.train import use_device
+    use_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
 
 

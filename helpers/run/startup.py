@@ -81,8 +81,8 @@ def compile_cache_dir(cfg: Config, graph_key: str = "") -> Path:
     return Path(cfg.compile_cache_path or DATA_CACHE / "compile") / digest
 
 
-# The lock this process holds on the cache folder it compiles into (path, open file), for the process's life.
-_held: list = []
+# The hold this process has on a compile-cache folder's part ((folder, part), open lock file), for its life.
+_held: tuple | None = None
 
 
 def claim_cache_folder(folder: Path) -> str:
@@ -92,21 +92,21 @@ def claim_cache_folder(folder: Path) -> str:
     graph files in place, and a second process reading or writing them then would load a half-written graph.
     Two processes of one graph at once (a round's arms, two test workers) thus compile the second cold."""
     import fcntl
-    folder = Path(folder)
-    part = f"rank_{os.environ.get('RANK_ID', '0')}"
-    if _held and _held[0][0] == (folder, part):
+    global _held
+    key = (Path(folder), f"rank_{os.environ.get('RANK_ID', '0')}")
+    if _held is not None and _held[0] == key:
         return ""
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = open(folder / f".{part}.in_use", "w")
+    key[0].mkdir(parents=True, exist_ok=True)
+    lock = open(key[0] / f".{key[1]}.in_use", "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        return (f"compile cache off: another process is compiling into or loading from {folder / part}; "
+        return (f"compile cache off: another process is compiling into or loading from {key[0] / key[1]}; "
                 f"this run compiles without it")
-    while _held:  # a second run in this process, of another graph
-        _held.pop()[1].close()
-    _held.append(((folder, part), lock))
+    if _held is not None:  # a second run in this process, of another graph
+        _held[1].close()
+    _held = (key, lock)
     return ""
 
 

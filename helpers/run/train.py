@@ -47,13 +47,7 @@ def configure_mindspore(cfg: Config, graph_key: str = "") -> str:
     startup.compile_cache_dir); must run before any Cell is built. Returns why the compile cache stays off
     although the config asks for it ("" when it does not)."""
     import mindspore as ms
-    try:
-        ms.set_device(cfg.device_target)
-    except (RuntimeError, ValueError) as exc:
-        # a second run in one process: MindSpore refuses set_device once its runtime has run, on the same device
-        if ms.get_context("device_target") != cfg.device_target or not _runtime_started(exc):
-            raise TrainError(f"device_target={cfg.device_target} is not available here "
-                             f"({str(exc).splitlines()[0]}); use device_target=CPU on this machine") from None
+    use_device(cfg.device_target)
     ms.set_context(mode=ms.GRAPH_MODE if cfg.mode == "graph" else ms.PYNATIVE_MODE)
     cache_off = _no_entry_script() if cfg.compile_cache else ""
     if cfg.compile_cache and not cache_off:
@@ -69,9 +63,17 @@ def configure_mindspore(cfg: Config, graph_key: str = "") -> str:
     return cache_off
 
 
-def _runtime_started(exc: Exception) -> bool:
-    """Whether MindSpore refused set_device because its runtime has already run in this process."""
-    return "has been initialized" in str(exc)
+def use_device(target: str) -> None:
+    """MindSpore on `target` in this process; TrainError (one line) where it is not available. A second run in
+    one process may ask again: MindSpore refuses set_device once its runtime has run, which on the same device is
+    no error."""
+    import mindspore as ms
+    try:
+        ms.set_device(target)
+    except (RuntimeError, ValueError) as exc:
+        if ms.get_context("device_target") != target or "has been initialized" not in str(exc):
+            raise TrainError(f"device_target={target} is not available here ({str(exc).splitlines()[0]}); "
+                             f"use device_target=CPU on this machine") from None
 
 
 def _no_entry_script() -> str:

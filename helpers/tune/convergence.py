@@ -182,9 +182,9 @@ def ttq_arms(cand: Config, best: Config, target: float | None,
     """(candidate, reference) configs as a time-to-target round trains them: both end at their first validation
     pass with val loss ≤ `target` (None: both train to their last step, the target being set afterwards by
     `reference_level`); the candidate also once `time_cap_s` wall seconds have passed (an arm not there by then
-    cannot beat the best). Both compile cold (no compile cache): a change may be a new graph (a batch, a lever), and a warm
-    reference against a cold candidate would charge the candidate alone for compiling. The round's rollback
-    point keeps the candidate's own config."""
+    cannot beat the best). Both compile cold (no compile cache): a change may be a new graph (a batch, a lever),
+    and a warm reference against a cold candidate would charge the candidate alone for compiling. The round's
+    rollback point keeps the candidate's own config."""
     ends = {"compile_cache": False, **({"target_val_loss": float(target)} if target is not None else {})}
     return (with_changes(cand, {**ends, **({"max_time_s": float(time_cap_s)} if time_cap_s else {})}),
             with_changes(best, ends))
