@@ -90,7 +90,8 @@ def claim_cache_folder(folder: Path) -> str:
     graphs to rank_<RANK_ID>/ inside it; RANK_ID is msrun's, 0 alone), for as long as it lives ("" when it has it,
     else why it compiles without the cache). One process at a time: MindSpore writes a cold (or stale) folder's
     graph files in place, and a second process reading or writing them then would load a half-written graph.
-    Two processes of one graph at once (a round's arms, two test workers) thus compile the second cold."""
+    Two processes of one graph at once (a round's arms, two test workers) thus compile the second cold, as does a
+    second graph in one process (measured: it loaded the first folder's graph, of other shapes)."""
     import fcntl
     global _held
     key = (Path(folder), f"rank_{os.environ.get('RANK_ID', '0')}")
@@ -104,8 +105,10 @@ def claim_cache_folder(folder: Path) -> str:
         lock.close()
         return (f"compile cache off: another process is compiling into or loading from {key[0] / key[1]}; "
                 f"this run compiles without it")
-    if _held is not None:  # a second run in this process, of another graph
-        _held[1].close()
+    if _held is not None:  # a second graph in this process: MindSpore would keep using the first folder
+        lock.close()
+        return (f"compile cache off: this process already compiled with {_held[0][0]}, and MindSpore keeps one "
+                f"cache folder per process; this run compiles without it")
     _held = (key, lock)
     return ""
 

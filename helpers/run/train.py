@@ -53,8 +53,10 @@ def configure_mindspore(cfg: Config, graph_key: str = "") -> str:
     if cfg.compile_cache and not cache_off:
         cache = compile_cache_dir(cfg, graph_key)
         cache_off = claim_cache_folder(cache)
-        if not cache_off:
-            ms.set_context(enable_compile_cache=True, compile_cache_path=str(cache))
+    if cfg.compile_cache and not cache_off:
+        ms.set_context(enable_compile_cache=True, compile_cache_path=str(cache))
+    else:  # a run before it in this process may have turned it on
+        ms.set_context(enable_compile_cache=False)
     if cfg.threads and cfg.device_target == "CPU":
         _set_threads(cfg.threads)
     if cfg.memory_optimize != "O0":  # Ascend only (config refuses it elsewhere); before the memory pool is made

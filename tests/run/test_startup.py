@@ -60,18 +60,27 @@ def test_keys_outside_the_graph_share_a_cache_folder_and_train_as_without_it(tmp
 
 def test_a_cache_folder_is_held_by_one_process_at_a_time(tmp_path):
     """A second process asking for a folder another holds is told why it compiles without it (another rank's part
-    is free); the holder may ask again; the hold ends with the holder's process."""
-    from helpers.run.startup import claim_cache_folder
+    is free); the holder may ask again, but not for a second folder (MindSpore keeps the first); the hold ends with
+    the holder's process."""
     folder = tmp_path / "cache" / "abc"
-    ask = [sys.executable, "-c", f"from helpers.run.startup import claim_cache_folder as c; print(c({str(folder)!r}))"]
-    assert claim_cache_folder(folder) == "" and claim_cache_folder(folder) == ""
-    other = subprocess.run(ask, cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert other.stdout.strip() == (f"compile cache off: another process is compiling into or loading from "
-                                    f"{folder / 'rank_0'}; this run compiles without it")
-    rank_1 = subprocess.run(ask, cwd=REPO, capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "RANK_ID": "1"})
-    assert rank_1.stdout.strip() == ""  # msrun's rank 1 compiles into rank_1/: its own part of the folder
-    assert claim_cache_folder(tmp_path / "cache" / "def") == ""  # another graph: the first folder is let go
+    claim = "from helpers.run.startup import claim_cache_folder as c; "
+    ask = [sys.executable, "-c", f"{claim}print(c({str(folder)!r}))"]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"{claim}import sys; print(repr(c({str(folder)!r})), repr(c({str(folder)!r})), "
+                               f"c({str(tmp_path / 'cache' / 'def')!r}), flush=True); sys.stdin.read()"],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == (
+            f"'' '' compile cache off: this process already compiled with {folder}, and MindSpore keeps one cache "
+            f"folder per process; this run compiles without it")
+        other = subprocess.run(ask, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert other.stdout.strip() == (f"compile cache off: another process is compiling into or loading from "
+                                        f"{folder / 'rank_0'}; this run compiles without it")
+        rank_1 = subprocess.run(ask, cwd=REPO, capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "RANK_ID": "1"})
+        assert rank_1.stdout.strip() == ""  # msrun's rank 1 compiles into rank_1/: its own part of the folder
+    finally:
+        holder.communicate("", timeout=60)
     assert subprocess.run(ask, cwd=REPO, capture_output=True, text=True, timeout=60).stdout.strip() == ""
 
 
