@@ -342,6 +342,7 @@ def environment_table(env: dict, peak: dict | float | None, hardware: dict | Non
             *[(what, info[key]) for what, key in (("achievable peak: what", "name"),
                                                   ("achievable peak measured at", "measured_at"),
                                                   ("1-min load average while measured", "load_avg_1m"),
+                                                  ("cores other processes used while measured", "others_cores"),
                                                   ("achievable peak source", "source")) if key in info]]
     return pd.DataFrame(rows, columns=["what", "value"]).set_index("what")
 
