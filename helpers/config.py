@@ -587,6 +587,14 @@ def with_changes(cfg: Config, changes: dict[str, Any]) -> Config:
     return from_dict(to_dict(cfg), changes)
 
 
+def comm_profiled(cfg: Config) -> Config:
+    """cfg as each rank of a data-parallel run trains it: without a profiler window of its own (monitor.profile_steps
+    0), one of parallel.comm_profile_steps steps measures the collectives, at most half the steady steps (profiled
+    steps are left out of speed, so unprofiled ones must remain). The merged record keeps this config."""
+    window = min(cfg.parallel.comm_profile_steps, max(0, cfg.steps - cfg.steady_after) // 2)
+    return with_changes(cfg, {"monitor.profile_steps": window}) if window and not cfg.monitor.profile_steps else cfg
+
+
 def dump(cfg: Config) -> str:
     """YAML text of the full config."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)

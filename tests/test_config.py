@@ -87,3 +87,13 @@ def test_derived_values_have_one_home():
                      "parallel": {"data_parallel": 2}})
     assert (cfg.global_batch, cfg.micro_batch_per_device) == (24, 4)
     assert (cfg.tokens_per_step, cfg.tokens_per_micro_batch) == (24 * 64, 4 * 64)
+
+
+def test_a_data_parallel_run_profiles_its_collectives_in_at_most_half_its_steady_steps():
+    from helpers.config import comm_profiled
+    cfg = from_dict({"steps": 12, "steady_after": 5, "parallel": {"data_parallel": 2, "comm_profile_steps": 5}})
+    assert comm_profiled(cfg).monitor.profile_steps == 3  # (12 − 5) // 2
+    own = with_changes(cfg, {"monitor.profile_steps": 2})
+    assert comm_profiled(own) is own  # a window of its own stays
+    off = with_changes(cfg, {"parallel.comm_profile_steps": 0})
+    assert comm_profiled(off) is off

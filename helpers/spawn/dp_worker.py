@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers.config import Config, load_config, with_changes
+from helpers.config import Config, comm_profiled, load_config
 from helpers.run.metrics import peak_rss_bytes
 from helpers.run.profile import comm_per_step, load_profile
 from helpers.record import RecordError, atomic_write_text
@@ -127,12 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     rank, size = int(os.environ["RANK_ID"]), int(os.environ["RANK_SIZE"])  # set by msrun
     if ns.pair:
         return pair_main(Path(ns.pair), rank, size)
-    cfg = load_config(ns.config)
+    cfg = comm_profiled(load_config(ns.config))
     run_dir = Path(ns.out)
-    # at most half the steady steps: the profiled ones are left out of speed, so unprofiled ones must remain
-    window = min(cfg.parallel.comm_profile_steps, max(0, cfg.steps - cfg.steady_after) // 2)
-    if window and not cfg.monitor.profile_steps:  # the run's profiler window measures the collectives
-        cfg = with_changes(cfg, {"monitor.profile_steps": window})
     rows: list[dict] = []
 
     def keep(row: dict, total: int) -> None:

@@ -87,7 +87,9 @@ def launch_or_reuse(cfg: Config, run_dir: str | os.PathLike, progress: bool = Tr
 def reuse(cfg: Config, run_dir: str | os.PathLike) -> RunRecord | None:
     """The finished run of `cfg` in run_dir (`outdir.finished_same`), said in a printed line; else None."""
     run_dir = absolute(run_dir)
-    record = finished_same(run_dir, config_mod.absolute_paths(cfg))
+    cfg = config_mod.absolute_paths(cfg)
+    # a data-parallel record holds the config its ranks trained (the collectives' profiler window set)
+    record = finished_same(run_dir, config_mod.comm_profiled(cfg) if cfg.parallel.data_parallel > 1 else cfg)
     if record is not None:
         print(f"reused the finished run of this same config in {run_dir} (nothing trained; a different config "
               f"would move it aside)")

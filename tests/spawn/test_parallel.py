@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers.config import ConfigError, from_dict
+from helpers.config import ConfigError, from_dict, with_changes
 from helpers.book.planner import GB, MODELS, Strategy, eight_by_40gb, estimate, recommend
 from helpers.record import load_run
 from helpers.paired import DP_PAIRED_PLAN
+from helpers.spawn.runner import reuse
 
 
 # ------------------------------------------------------------------------------------------ no training
@@ -90,6 +91,9 @@ def test_two_rank_msrun_run_matches_one_process_with_same_global_batch(data_para
     assert merged == pytest.approx(slowest)
     assert a.summary["comm_step_share"] == 0.0
     assert b.checkpoints() and not list((dp / "ranks" / "rank_1" / "checkpoints").glob("*.ckpt"))
+    # the record keeps the config its ranks trained (the profiler window set); the notebook's own request, without
+    # the window, is still this run: a second execution reuses it instead of training it again
+    assert reuse(with_changes(b.config, {"monitor.profile_steps": 0}), dp) is not None
 
 
 def load_json_rows(path):
