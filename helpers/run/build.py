@@ -80,7 +80,7 @@ def build(cfg: Config, prep: Prepared, run_dir: Path, kernels: str) -> Built:
     if cfg.recompute == "blocks":
         for block in getattr(backbone, "blocks", []):  # a user's model.build may have no blocks
             block.recompute()
-    backbone = apply_precision(backbone, cfg)
+    backbone = apply_precision(backbone, cfg, run_dir)
     loss_net, eval_net = LossNet(backbone, vocab), LossNet(backbone, vocab)
     if cfg.optimizer == "muon":
         optimizer = make_muon(backbone, lr_at(cfg, 1), lr_at(cfg, 1, cfg.muon_lr), cfg.weight_decay, cfg.betas,
@@ -129,6 +129,6 @@ def _compiled_calls(cfg: Config, cells: list) -> list:
 def _audit_amp(cfg: Config, vocab: int, kernels: str, run_dir: Path) -> dict:
     """Write run_dir/dtype_audit.json; return its summary for summary.json (`amp_audit`)."""
     from helpers.run.precision import audit_summary, dtype_audit, rows_as_dicts
-    rows = dtype_audit(cfg, vocab, kernels)
+    rows = dtype_audit(cfg, vocab, kernels, run_dir)
     atomic_write_json(Path(run_dir) / "dtype_audit.json", rows_as_dicts(rows))
     return audit_summary(rows)

@@ -6,7 +6,11 @@ copy of the model with forward hooks on every leaf cell and reads the dtype each
 """
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -32,16 +36,16 @@ def _short(dtype) -> str:
     return {"Float16": "fp16", "Float32": "fp32", "BFloat16": "bf16", "Int32": "int32"}.get(str(dtype), str(dtype))
 
 
-def dtype_audit(cfg: Config, vocab_size: int, kernels: str) -> list[AuditRow]:
+def dtype_audit(cfg: Config, vocab_size: int, kernels: str, folder: Path) -> list[AuditRow]:
     """Run the audit for `cfg` with the run's resolved `kernels` (`kernels.resolve_kernels`); switches MindSpore to
-    PyNative for the pass and back to cfg.mode."""
+    PyNative for the pass and back to cfg.mode. `folder`: the run's, for AMP's rewritten source (`apply_precision`)."""
     import mindspore as ms
     from helpers.run.model import build_model
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     try:
         raw = build_model(cfg, vocab_size, kernels)
-        net = apply_precision(raw, cfg)
+        net = apply_precision(raw, cfg, folder)
         wanted = {k for name in cfg.fp32_cells for k in PROTECTED_KINDS[name]}
         rows, handles = [], []
 
@@ -86,15 +90,28 @@ def rows_as_dicts(rows: list[AuditRow]) -> list[dict]:
     return [asdict(r) for r in rows]
 
 
-def apply_precision(backbone, cfg: Config):
-    """AMP level on the backbone, then the configured cells forced back to fp32."""
+@contextmanager
+def _working_dir(folder: Path) -> Iterator[None]:
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def apply_precision(backbone, cfg: Config, folder: Path):
+    """AMP level on the backbone, then the configured cells forced back to fp32. MindSpore's AMP writes the network's
+    rewritten source to ./rewritten_network and compiles from it: `folder` (the run's) is that '.', so the source
+    stays with the run instead of littering wherever the process started."""
     if cfg.amp_level == "O0":
         return backbone
     import mindspore as ms
     from mindspore import amp, nn
     from helpers.run.model import RMSNorm
     dtype = {"fp16": ms.float16, "bf16": ms.bfloat16}[cfg.amp_dtype]
-    backbone = amp.auto_mixed_precision(backbone, cfg.amp_level, dtype=dtype)
+    with _working_dir(folder):
+        backbone = amp.auto_mixed_precision(backbone, cfg.amp_level, dtype=dtype)
     kinds = {"layernorm": (nn.LayerNorm, RMSNorm), "softmax": (nn.Softmax,)}
     protected = tuple(t for name in cfg.fp32_cells for t in kinds[name])
     if protected:

@@ -6,6 +6,8 @@ GELU values (1e-6) is MindSpore's own rounding: its GeLU computes 1 + erf(x/√2
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -248,9 +250,10 @@ def test_the_built_library_is_current():
     assert kernels.library_problem() == ""
 
 
-def test_amp_o1_takes_mindspores_layernorm_and_trains():
+def test_amp_o1_takes_mindspores_layernorm_and_trains(tmp_path):
     """AMP O1 rewrites the model's source and refuses the hand-written-backward LayerNorm; build_model gives O1
-    MindSpore's own (and the manual one everywhere else)."""
+    MindSpore's own (and the manual one everywhere else). The rewritten source goes to the folder given, not the
+    working directory."""
     import mindspore as ms
     from mindspore import ops
     from helpers.run.model import LayerNorm, LossNet, build_model
@@ -260,7 +263,9 @@ def test_amp_o1_takes_mindspores_layernorm_and_trains():
                for _, c in build_model(o0, 50, "mindspore").cells_and_names())
     cfg = from_dict({"model": {"preset": "tiny"}, "amp_level": "O1"})
     ms.set_seed(0)
-    net = LossNet(apply_precision(build_model(cfg, 50, kernels.resolve_kernels(cfg)), cfg), 50)
+    cwd = os.getcwd()
+    net = LossNet(apply_precision(build_model(cfg, 50, kernels.resolve_kernels(cfg)), cfg, tmp_path), 50)
+    assert os.getcwd() == cwd and list((tmp_path / "rewritten_network").glob("*.py"))
     assert not any(isinstance(c, LayerNorm) for _, c in net.cells_and_names())
     data = np.random.default_rng(3).integers(0, 50, (4, 33)).astype(np.int32)
     x, y = ms.Tensor(data[:, :-1]), ms.Tensor(data[:, 1:])
