@@ -108,7 +108,10 @@ def default_shapes() -> list[tuple[int, int, int]]:
 
 
 PEAK_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # config name → MindSpore dtype name
-LOOP_S = 0.01  # each timed loop runs at least this long, so the host's per-call sync is spread over its calls
+# Each timed loop runs at least this long, so the host's per-call dispatch and the final sync are spread over its
+# calls. At 10 ms, with the calls counted from the warm-up call (kernel selection included), a loop was often one to
+# six calls and read 68-83 GFLOP/s where 50 ms loops read 145-152 at 768×128×512 (session 19).
+LOOP_S = 0.05
 
 
 def peak_dtype(dtype: str):
@@ -133,11 +136,12 @@ def measure_peak_flops(dtype: str = "fp32", shapes=None, repeats: int = 5) -> di
         a = Tensor(rng.standard_normal((m, k)).astype(np.float32)).astype(ms_dtype)
         b = Tensor(rng.standard_normal((k, n)).astype(np.float32)).astype(ms_dtype)
         try:
-            t0 = time.perf_counter()
-            matmul(a, b).asnumpy()  # warm-up: kernel selection and allocation
+            matmul(a, b).asnumpy()  # warm-up: kernel selection and allocation, not a call's time
         except TypeError as exc:  # the device has no MatMul kernel for this dtype (bf16 on CPU)
             raise RuntimeError(f"no {dtype} matmul on this device, so no {dtype} peak to measure "
                                f"({str(exc).splitlines()[0]}); measure it on a device that runs {dtype}") from None
+        t0 = time.perf_counter()
+        matmul(a, b).asnumpy()
         calls = max(1, math.ceil(LOOP_S / max(time.perf_counter() - t0, 1e-6)))
         best = 0.0
         for _ in range(repeats):
