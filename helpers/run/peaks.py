@@ -234,6 +234,8 @@ def _why_remeasure(entry: dict | None, cores: int) -> str:
         return f"the cached peak of {entry.get('measured_at')} is older than {PEAK_STALE_S / 3600:.0f} h"
     if _loaded(entry, cores):
         return f"the cached peak of {entry['measured_at']} was measured under load ({_load_words(entry)})"
+    if entry.get("loop_s") != LOOP_S:
+        return f"the cached peak of {entry.get('measured_at')} was timed in loops shorter than {LOOP_S * 1000:.0f} ms"
     return ""
 
 
@@ -285,7 +287,8 @@ def _peak_flops_info(path: Path, key: str, device_target: str, dtype: str, shape
     before = load_average()
     measured, others = others_cores(lambda: measure_peak_flops(dtype, shapes))
     new = {**measured, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-           "load_avg_1m": round(max(before, load_average()), 2), "others_cores": others, "cores": cores}
+           "load_avg_1m": round(max(before, load_average()), 2), "others_cores": others, "cores": cores,
+           "loop_s": LOOP_S}
     new["loaded"] = _loaded(new, cores)
     note = f"measured now at {_load_words(new)} on {cores} cores ({why})"
     old_loaded = bool(old) and "load_avg_1m" in old and _loaded(old, cores)
