@@ -232,10 +232,10 @@ def _why_remeasure(entry: dict | None, cores: int) -> str:
         return f"the cached peak of {entry.get('measured_at')} has no record of the CPU other processes used"
     if _age_s(entry.get("measured_at")) > PEAK_STALE_S:
         return f"the cached peak of {entry.get('measured_at')} is older than {PEAK_STALE_S / 3600:.0f} h"
-    if _loaded(entry, cores):
-        return f"the cached peak of {entry['measured_at']} was measured under load ({_load_words(entry)})"
     if entry.get("loop_s") != LOOP_S:
         return f"the cached peak of {entry.get('measured_at')} was timed in loops shorter than {LOOP_S * 1000:.0f} ms"
+    if _loaded(entry, cores) and not entry.get("quiet_at"):
+        return f"the cached peak of {entry['measured_at']} was measured under load ({_load_words(entry)})"
     return ""
 
 
@@ -247,10 +247,12 @@ def peak_flops_info(device_target: str = "CPU", dtype: str = "fp32", threads: in
     Returns {flops (FLOP/s), shapes ([{shape: [M, K, N], flops}]), name (one line: what the peak is), measured_at
     (local time, ISO), load_avg_1m (the higher 1-minute load average of before and after the measurement),
     others_cores (cores of CPU other processes used during it, `others_cores`), cores, loaded (others_cores >
-    OTHERS_LIMIT_CORES), source (one line: cached, or measured now and why)}.
-    A cached peak is measured again when it is stale (older than PEAK_STALE_S), was measured under load, or
-    `refresh`. A new measurement under load replaces a cached one measured under load only if it is higher: load
-    can only slow a matmul down, so the higher one is nearer the peak.
+    OTHERS_LIMIT_CORES), quiet_at (when a measurement last ran quiet, None if none has since the peak was
+    measured), source (one line: cached, or measured now and why)}.
+    A cached peak is measured again when it is stale (older than PEAK_STALE_S), timed another way (LOOP_S), measured
+    under load with no quiet measurement since (quiet_at), or `refresh`. A new measurement lower than a fresh cached
+    one leaves the cached one: load, and a process that happened to time its matmuls slowly (a quiet one here read
+    82.9 GFLOP/s where the one before it read 157.8), can only slow a matmul down, so the higher is nearer the peak.
     """
     shapes = [tuple(s) for s in (shapes or default_shapes())]
     path, key = _cache_file(), _machine_key(device_target, dtype, threads, shapes)
@@ -282,26 +284,28 @@ def _peak_flops_info(path: Path, key: str, device_target: str, dtype: str, shape
     name = (f"achievable: MindSpore's {dtype} MatMul on {device_target}, the fastest of the model's shapes "
             f"{', '.join('×'.join(map(str, s)) for s in shapes)} (M×K×N)")
     if not why:
-        return {**old, "name": name, "cores": old.get("cores", cores), "loaded": False,
+        return {**old, "name": name, "cores": old.get("cores", cores), "loaded": _loaded(old, cores),
                 "source": f"cached: measured {old['measured_at']} at {_load_words(old)} on {cores} cores"}
     before = load_average()
     measured, others = others_cores(lambda: measure_peak_flops(dtype, shapes))
-    new = {**measured, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-           "load_avg_1m": round(max(before, load_average()), 2), "others_cores": others, "cores": cores,
-           "loop_s": LOOP_S}
+    now = time.strftime("%Y-%m-%dT%H:%M:%S")
+    new = {**measured, "measured_at": now, "load_avg_1m": round(max(before, load_average()), 2),
+           "others_cores": others, "cores": cores, "loop_s": LOOP_S}
     new["loaded"] = _loaded(new, cores)
-    note = f"measured now at {_load_words(new)} on {cores} cores ({why})"
-    old_loaded = bool(old) and "load_avg_1m" in old and _loaded(old, cores)
-    if new["loaded"] and old_loaded and not refresh and _age_s(old["measured_at"]) <= PEAK_STALE_S \
-            and old["flops"] > new["flops"]:
+    fresh = bool(old) and old.get("loop_s") == LOOP_S and "others_cores" in old \
+        and _age_s(old["measured_at"]) <= PEAK_STALE_S
+    quiet_at = None if new["loaded"] else now
+    if fresh and old["flops"] > new["flops"]:
         note = (f"cached: measured {old['measured_at']} at {_load_words(old)} on {cores} cores; measured again now "
                 f"at {_load_words(new)}, it read lower ({new['flops'] / 1e9:.1f} GFLOP/s), so the higher one stays")
-        new = {**old, "cores": cores, "loaded": True}
+        entry = {**old, "cores": cores, "quiet_at": quiet_at or old.get("quiet_at")}
     else:
-        cache[key] = new
-        from helpers.record import atomic_write_json
-        atomic_write_json(path, cache)
-    return {**new, "name": name, "source": note}
+        note = f"measured now at {_load_words(new)} on {cores} cores ({why})"
+        entry = {**new, "quiet_at": quiet_at or (old.get("quiet_at") if fresh else None)}
+    cache[key] = entry
+    from helpers.record import atomic_write_json
+    atomic_write_json(path, cache)
+    return {**entry, "loaded": _loaded(entry, cores), "name": name, "source": note}
 
 
 def peak_flops(device_target: str = "CPU", dtype: str = "fp32", threads: int = 0, shapes=None,
