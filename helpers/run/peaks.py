@@ -108,10 +108,11 @@ def default_shapes() -> list[tuple[int, int, int]]:
 
 
 PEAK_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # config name → MindSpore dtype name
-# Each timed loop runs at least this long, so the host's per-call dispatch and the final sync are spread over its
-# calls. At 10 ms, with the calls counted from the warm-up call (kernel selection included), a loop was often one to
-# six calls and read 68-83 GFLOP/s where 50 ms loops read 145-152 at 768×128×512 (session 19).
+# Each timed loop lasts at least about this long, so the host's per-call dispatch and the final sync are spread over
+# its calls. Until session 19 a loop was ≥ 10 ms by a call count taken from the warm-up call (kernel
+# selection included): often one to six calls, reading 68-83 GFLOP/s where 145-152 is right at 768×128×512.
 LOOP_S = 0.05
+PEAK_METHOD = 2  # cached peaks timed by an earlier method are measured again
 
 
 def peak_dtype(dtype: str):
@@ -140,9 +141,9 @@ def measure_peak_flops(dtype: str = "fp32", shapes=None, repeats: int = 5) -> di
         except TypeError as exc:  # the device has no MatMul kernel for this dtype (bf16 on CPU)
             raise RuntimeError(f"no {dtype} matmul on this device, so no {dtype} peak to measure "
                                f"({str(exc).splitlines()[0]}); measure it on a device that runs {dtype}") from None
-        t0 = time.perf_counter()
-        matmul(a, b).asnumpy()
-        calls = max(1, math.ceil(LOOP_S / max(time.perf_counter() - t0, 1e-6)))
+        # the call count from the fastest of three synchronised calls: one slow call made loops too short to time,
+        # and a loop that only checks the clock can queue far more calls than LOOP_S runs (dispatch is asynchronous)
+        calls = max(1, math.ceil(LOOP_S / min(_timed_call(matmul, a, b) for _ in range(3))))
         best = 0.0
         for _ in range(repeats):
             t0 = time.perf_counter()
@@ -152,6 +153,13 @@ def measure_peak_flops(dtype: str = "fp32", shapes=None, repeats: int = 5) -> di
             best = max(best, 2.0 * m * k * n * calls / (time.perf_counter() - t0))
         rates.append({"shape": [m, k, n], "flops": best})
     return {"flops": max(r["flops"] for r in rates), "shapes": rates}
+
+
+def _timed_call(matmul, a, b) -> float:
+    """Seconds one matmul call takes, synchronised (at least 1 µs)."""
+    t0 = time.perf_counter()
+    matmul(a, b).asnumpy()
+    return max(time.perf_counter() - t0, 1e-6)
 
 
 def _cache_file() -> Path:
@@ -232,8 +240,8 @@ def _why_remeasure(entry: dict | None, cores: int) -> str:
         return f"the cached peak of {entry.get('measured_at')} has no record of the CPU other processes used"
     if _age_s(entry.get("measured_at")) > PEAK_STALE_S:
         return f"the cached peak of {entry.get('measured_at')} is older than {PEAK_STALE_S / 3600:.0f} h"
-    if entry.get("loop_s") != LOOP_S:
-        return f"the cached peak of {entry.get('measured_at')} was timed in loops shorter than {LOOP_S * 1000:.0f} ms"
+    if entry.get("method") != PEAK_METHOD:
+        return f"the cached peak of {entry.get('measured_at')} was timed by an earlier method (loops under 50 ms)"
     if _loaded(entry, cores) and not entry.get("quiet_at"):
         return f"the cached peak of {entry['measured_at']} was measured under load ({_load_words(entry)})"
     return ""
@@ -249,7 +257,7 @@ def peak_flops_info(device_target: str = "CPU", dtype: str = "fp32", threads: in
     others_cores (cores of CPU other processes used during it, `others_cores`), cores, loaded (others_cores >
     OTHERS_LIMIT_CORES), quiet_at (when a measurement last ran quiet, None if none has since the peak was
     measured), source (one line: cached, or measured now and why)}.
-    A cached peak is measured again when it is stale (older than PEAK_STALE_S), timed another way (LOOP_S), measured
+    A cached peak is measured again when it is stale (older than PEAK_STALE_S), timed another way (PEAK_METHOD), measured
     under load with no quiet measurement since (quiet_at), or `refresh`. A new measurement lower than a fresh cached
     one leaves the cached one: load, and a process that happened to time its matmuls slowly (a quiet one here read
     82.9 GFLOP/s where the one before it read 157.8), can only slow a matmul down, so the higher is nearer the peak.
@@ -290,9 +298,9 @@ def _peak_flops_info(path: Path, key: str, device_target: str, dtype: str, shape
     measured, others = others_cores(lambda: measure_peak_flops(dtype, shapes))
     now = time.strftime("%Y-%m-%dT%H:%M:%S")
     new = {**measured, "measured_at": now, "load_avg_1m": round(max(before, load_average()), 2),
-           "others_cores": others, "cores": cores, "loop_s": LOOP_S}
+           "others_cores": others, "cores": cores, "method": PEAK_METHOD}
     new["loaded"] = _loaded(new, cores)
-    fresh = bool(old) and old.get("loop_s") == LOOP_S and "others_cores" in old \
+    fresh = bool(old) and old.get("method") == PEAK_METHOD and "others_cores" in old \
         and _age_s(old["measured_at"]) <= PEAK_STALE_S
     quiet_at = None if new["loaded"] else now
     if fresh and old["flops"] > new["flops"]:

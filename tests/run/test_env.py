@@ -30,7 +30,7 @@ def _at(seconds_ago: float) -> str:
 
 def test_a_fresh_quiet_peak_is_used_as_cached(tmp_path, monkeypatch):
     _cache(tmp_path, monkeypatch, {"flops": 123.0, "measured_at": _at(60), "load_avg_1m": 0.1, "others_cores": 0.0,
-                                   "loop_s": peaks.LOOP_S})
+                                   "method": peaks.PEAK_METHOD})
     info = peaks.peak_flops_info("CPU", "fp32", 0)
     assert info["flops"] == 123.0 and info["source"].startswith("cached: measured")
     assert info["name"].startswith("achievable: MindSpore's fp32 MatMul on CPU, the fastest of the model's shapes")
@@ -39,13 +39,13 @@ def test_a_fresh_quiet_peak_is_used_as_cached(tmp_path, monkeypatch):
 @pytest.mark.parametrize("entry, why", [
     ({"flops": 1.0, "measured_at": _at(2 * peaks.PEAK_STALE_S), "load_avg_1m": 0.1, "others_cores": 0.0},
      "older than"),
-    ({"flops": 1.0, "measured_at": _at(60), "load_avg_1m": 0.1, "others_cores": 1.0, "loop_s": peaks.LOOP_S},
+    ({"flops": 1.0, "measured_at": _at(60), "load_avg_1m": 0.1, "others_cores": 1.0, "method": peaks.PEAK_METHOD},
      "measured under load"),
     # written before the other processes' CPU was kept: its 1-min load average (1.03 here) had passed a peak that
     # one other busy process had halved
     ({"flops": 1.0, "measured_at": _at(60), "load_avg_1m": 1.03}, "no record of the CPU other processes used"),
     # timed in 10 ms loops whose calls were counted from the warm-up: they read down to half the peak
-    ({"flops": 1.0, "measured_at": _at(60), "load_avg_1m": 0.1, "others_cores": 0.0}, "loops shorter than 50 ms"),
+    ({"flops": 1.0, "measured_at": _at(60), "load_avg_1m": 0.1, "others_cores": 0.0}, "timed by an earlier method"),
 ])
 def test_a_stale_or_loaded_peak_is_measured_again(tmp_path, monkeypatch, entry, why):
     _cache(tmp_path, monkeypatch, entry)
@@ -61,7 +61,7 @@ def test_a_stale_or_loaded_peak_is_measured_again(tmp_path, monkeypatch, entry, 
 def test_a_measurement_lower_than_a_fresh_cached_peak_leaves_it(tmp_path, monkeypatch):
     """The best of several measurements is nearest the peak, across processes as within one: a quiet process read
     82.9 GFLOP/s where the one before it had read 157.8 on the same shapes (make workbook, notebook 05)."""
-    high = {"flops": 1e15, "measured_at": _at(60), "load_avg_1m": 0.1, "others_cores": 1.0, "loop_s": peaks.LOOP_S}
+    high = {"flops": 1e15, "measured_at": _at(60), "load_avg_1m": 0.1, "others_cores": 1.0, "method": peaks.PEAK_METHOD}
     _cache(tmp_path, monkeypatch, high)  # higher than any real matmul, and measured under load
     info = peaks.peak_flops_info("CPU", "fp32", 0)  # under load, no quiet measurement since: measured again
     assert "it read lower" in info["source"] and "so the higher one stays" in info["source"]
@@ -163,7 +163,7 @@ def test_a_run_that_beats_its_cached_peak_measures_the_peak_again(tmp_path, smal
     (cache,) = (tmp_path / "cache").rglob("*.json")
     entries = json.loads(cache.read_text())
     for entry in entries.values():  # measured low, yet fresh and quiet by its record: the cache serves it as is
-        entry.update(flops=1e6, load_avg_1m=0.0, others_cores=0.0, loop_s=peaks.LOOP_S, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        entry.update(flops=1e6, load_avg_1m=0.0, others_cores=0.0, method=peaks.PEAK_METHOD, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
     cache.write_text(json.dumps(entries))
     assert run_cli("train", *args, "--out", str(tmp_path / "second"), "--progress", "none").returncode == 0
     s = load_run(tmp_path / "second").summary
