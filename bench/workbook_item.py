@@ -36,7 +36,20 @@ def item_workbook() -> dict:
             "load_1min": {**load.summary(), "before": load_before, "values": load.values},
             "tcp_warnings": (proc.stdout + proc.stderr).count(TCP_WARNING), "stderr_tail": proc.stderr[-2000:],
             "rounds": _rounds(REPO / "reports" / "latest" / "workbook"),
-            "mfu": _mfu(REPO / "reports" / "latest" / "workbook")}
+            "mfu": _mfu(REPO / "reports" / "latest" / "workbook"),
+            "machine_speed": _machine_speed(REPO / "reports" / "latest" / "workbook")}
+
+
+def _machine_speed(book: Path) -> dict:
+    """How fast this machine ran while the workbook did: notebook 01's baseline runs (the same config every time),
+    their step time (ms, median over runs) and matmul peak (GFLOP/s). Wall times of two records compare only with
+    these: the same code took 341 s beside a 45 ms baseline step and 396 s beside a 70 ms one on one day."""
+    runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((book / "baseline").glob("run_*/summary.json"))]
+    steps = sorted(s["step_time_ms"] for s in runs if s.get("step_time_ms"))
+    if not steps:
+        return {}
+    return {"baseline_step_ms": steps[len(steps) // 2], "baseline_runs": len(steps),
+            "matmul_peak_gflops": max(s.get("peak_flops") or 0.0 for s in runs) / 1e9}
 
 
 def _mfu(book: Path) -> dict:
@@ -69,10 +82,13 @@ def _rounds(book: Path) -> dict:
 
 def rows(r: dict) -> list[tuple[str, str]]:
     slowest = sorted(r["notebooks"].items(), key=lambda kv: -kv[1]["seconds"])[:3]
+    speed = r.get("machine_speed") or {}
     return [("`make workbook`, default parameters",
              f"{r['wall_s']:.0f} s, exit {r['returncode']}, {sum(n['status'] == 'ok' for n in r['notebooks'].values())}"
              f" of {len(r['notebooks'])} notebooks ok; slowest: "
-             + ", ".join(f"{name} {n['seconds']:.0f} s" for name, n in slowest))]
+             + ", ".join(f"{name} {n['seconds']:.0f} s" for name, n in slowest)
+             + (f"; machine speed: notebook 01's baseline step {speed['baseline_step_ms']:.1f} ms"
+                if speed.get("baseline_step_ms") else ""))]
 
 
 def _within_limit(r: dict) -> Judgement:
