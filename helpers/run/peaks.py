@@ -178,10 +178,10 @@ def _machine_key(device_target: str, dtype: str, threads: int, shapes) -> str:
 
 # When a cached peak is measured again (the peak is what every MFU is divided by, so a low one inflates MFU):
 PEAK_STALE_S = 24 * 3600.0  # older than a day: co-tenants, governor and background load change over hours
-# Under load: other processes took more than this many cores of CPU while the matmuls ran (from /proc/stat). On 2
-# cores one other busy process halved the peak (76.5 vs 152 GFLOP/s at one shape) at a 1-min load average of 1.03,
-# while a quiet measurement right after a training run reads a load average of 1.0-1.8: the average lags, the
-# CPU time taken during the measurement does not.
+# Under load: other processes took more than this many cores of CPU while the matmuls ran (from /proc/stat). The
+# 1-min load average lags: it reads 1.0-1.8 on 2 cores right after a training run with nothing else running, and it
+# passed (1.03) a peak that read half of one measured two seconds later; a process spinning beside the measurement
+# takes 0.98 cores by /proc/stat, none 0.02.
 OTHERS_LIMIT_CORES = 0.25
 PEAK_LOADED_PER_CORE = 0.75  # where /proc/stat cannot be read: 1-min load average per core above which it counts
 
@@ -257,10 +257,11 @@ def peak_flops_info(device_target: str = "CPU", dtype: str = "fp32", threads: in
     others_cores (cores of CPU other processes used during it, `others_cores`), cores, loaded (others_cores >
     OTHERS_LIMIT_CORES), quiet_at (when a measurement last ran quiet, None if none has since the peak was
     measured), source (one line: cached, or measured now and why)}.
-    A cached peak is measured again when it is stale (older than PEAK_STALE_S), timed another way (PEAK_METHOD), measured
-    under load with no quiet measurement since (quiet_at), or `refresh`. A new measurement lower than a fresh cached
-    one leaves the cached one: load, and a process that happened to time its matmuls slowly (a quiet one here read
-    82.9 GFLOP/s where the one before it read 157.8), can only slow a matmul down, so the higher is nearer the peak.
+    A cached peak is measured again when it is stale (older than PEAK_STALE_S), timed another way (PEAK_METHOD),
+    measured under load with no quiet measurement since (quiet_at), or `refresh`. A new measurement lower than a
+    fresh cached one leaves the cached one: load, and a process that happened to time its matmuls slowly (a quiet one
+    here read 82.9 GFLOP/s where the one before it read 157.8), can only slow a matmul down, so the higher is nearer
+    the peak.
     """
     shapes = [tuple(s) for s in (shapes or default_shapes())]
     path, key = _cache_file(), _machine_key(device_target, dtype, threads, shapes)

@@ -163,7 +163,8 @@ def test_a_run_that_beats_its_cached_peak_measures_the_peak_again(tmp_path, smal
     (cache,) = (tmp_path / "cache").rglob("*.json")
     entries = json.loads(cache.read_text())
     for entry in entries.values():  # measured low, yet fresh and quiet by its record: the cache serves it as is
-        entry.update(flops=1e6, load_avg_1m=0.0, others_cores=0.0, method=peaks.PEAK_METHOD, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        entry.update(flops=1e6, load_avg_1m=0.0, others_cores=0.0, method=peaks.PEAK_METHOD,
+                     measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
     cache.write_text(json.dumps(entries))
     assert run_cli("train", *args, "--out", str(tmp_path / "second"), "--progress", "none").returncode == 0
     s = load_run(tmp_path / "second").summary
