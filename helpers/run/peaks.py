@@ -300,10 +300,9 @@ def _peak_flops_info(path: Path, key: str, device_target: str, dtype: str, shape
     now = time.strftime("%Y-%m-%dT%H:%M:%S")
     new = {**measured, "measured_at": now, "load_avg_1m": round(max(before, load_average()), 2),
            "others_cores": others, "cores": cores, "method": PEAK_METHOD}
-    new["loaded"] = _loaded(new, cores)
     fresh = bool(old) and old.get("method") == PEAK_METHOD and "others_cores" in old \
         and _age_s(old["measured_at"]) <= PEAK_STALE_S
-    quiet_at = None if new["loaded"] else now
+    quiet_at = None if _loaded(new, cores) else now
     if fresh and old["flops"] > new["flops"]:
         note = (f"cached: measured {old['measured_at']} at {_load_words(old)} on {cores} cores; measured again now "
                 f"at {_load_words(new)}, it read lower ({new['flops'] / 1e9:.1f} GFLOP/s), so the higher one stays")

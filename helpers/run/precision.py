@@ -6,11 +6,9 @@ copy of the model with forward hooks on every leaf cell and reads the dtype each
 """
 from __future__ import annotations
 
-import os
-from contextlib import contextmanager
+from contextlib import chdir
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -90,16 +88,6 @@ def rows_as_dicts(rows: list[AuditRow]) -> list[dict]:
     return [asdict(r) for r in rows]
 
 
-@contextmanager
-def _working_dir(folder: Path) -> Iterator[None]:
-    before = os.getcwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
 def apply_precision(backbone, cfg: Config, folder: Path):
     """AMP level on the backbone, then the configured cells forced back to fp32. MindSpore's AMP writes the network's
     rewritten source to ./rewritten_network and compiles from it: `folder` (the run's) is that '.', so the source
@@ -110,7 +98,7 @@ def apply_precision(backbone, cfg: Config, folder: Path):
     from mindspore import amp, nn
     from helpers.run.model import RMSNorm
     dtype = {"fp16": ms.float16, "bf16": ms.bfloat16}[cfg.amp_dtype]
-    with _working_dir(folder):
+    with chdir(folder):
         backbone = amp.auto_mixed_precision(backbone, cfg.amp_level, dtype=dtype)
     kinds = {"layernorm": (nn.LayerNorm, RMSNorm), "softmax": (nn.Softmax,)}
     protected = tuple(t for name in cfg.fp32_cells for t in kinds[name])
