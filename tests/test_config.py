@@ -97,3 +97,15 @@ def test_a_data_parallel_run_profiles_its_collectives_in_at_most_half_its_steady
     assert comm_profiled(own) is own  # a window of its own stays
     off = with_changes(cfg, {"parallel.comm_profile_steps": 0})
     assert comm_profiled(off) is off
+
+
+def test_a_speed_measured_run_compiles_its_graph_unless_the_cache_is_what_is_compared():
+    from helpers.config import speed_measured
+    cfg = from_dict({"model": {"preset": "tiny"}})
+    assert cfg.compile_cache is True  # the config's default: reruns of a config start fast
+    assert speed_measured(cfg).compile_cache is False
+    assert speed_measured(cfg, {"batch_size": 4}).compile_cache is False
+    assert speed_measured(cfg, {"compile_cache": False}) is cfg  # the cache round's arms keep their own states
+    assert speed_measured(cfg, ["compile_cache_path"]) is cfg
+    off = with_changes(cfg, {"compile_cache": False})
+    assert speed_measured(off) is off

@@ -249,8 +249,8 @@ def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, sto
 
 def _arm_configs(reference: Config, candidate: Config, profile_steps: int) -> dict[str, Config]:
     """Each arm's config as its process trains it: with a profiler window of `profile_steps` (unless it has its
-    own). Each keeps its compile cache: the measurement-only steps are outside the graph (run/schedule.py), and of
-    two arms of one graph the second to start compiles without it (run/startup.claim_cache_folder)."""
+    own). Rounds pass both arms with the compile cache off (`config.speed_measured`): an arm that loaded its graph
+    from the cache stepped faster than one that compiled it."""
     cfgs = {}
     for name, cfg in (("reference", reference), ("candidate", candidate)):
         if profile_steps and not cfg.monitor.profile_steps:

@@ -37,7 +37,7 @@ def launch_run(cfg: Config, run_dir: Path, desc: str, progress: bool) -> tuple[R
 def train_baseline(cfg: Config, folder: Path, repeats: int, progress: bool) -> list[RunRecord]:
     """The baseline's `repeats` runs (run_1, run_2, … in `folder`), each in its own process; RoundError (one line)
     at the first that leaves no record or does not end 'ok'."""
-    records = []
+    records, cfg = [], config_mod.speed_measured(cfg)
     for k in range(1, repeats + 1):
         record, error = launch_run(cfg, folder / f"run_{k}", f"baseline {k}/{repeats}", progress)
         if record is not None and record.status != "ok":
@@ -87,6 +87,7 @@ def measure_speed(cand_cfg: Config, ref_cfg: Config, changes: dict, folder: Path
     if path is not None and path != auto:
         why = f"{path} asked for (the variable's own path: {auto})"
     path = path or auto
+    cand_cfg, ref_cfg = (config_mod.speed_measured(c, changes) for c in (cand_cfg, ref_cfg))
     if path == PAIRED and ref_cfg.parallel.data_parallel == 1:
         raise RoundError("path='paired' measures a data-parallel best inside its msrun ranks; this best is one "
                          "process: use path='processes' (the default) or 'runs'")

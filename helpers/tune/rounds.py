@@ -143,15 +143,16 @@ class Workbook:
                  adopt: list[RunRecord] | None = None) -> list[RunRecord]:
         """The pinned baseline's runs: trained `repeats` times (each in its own process) on the first call.
         adopt: finished runs of the baseline config to pin instead (copied into baseline/), e.g. the runs that set
-        a time-to-target bench's target; they may differ from it only in folders.ADOPTABLE keys (the seed, when a
-        run ends, the profiler's window), else RoundError (one line)."""
+        a time-to-target bench's target; trained as the baseline's own runs are (`config.speed_measured`: compile
+        cache off), they may differ from it only in folders.ADOPTABLE keys (the seed, when a run ends, the
+        profiler's window), else RoundError (one line)."""
         with self._lock.hold():
             state = self._state()
             if state.pinned:
                 return load_runs(state.baseline_paths())
             folder = fresh(self.path, self.path / "baseline")
             extra = {"adopted_from": [str(r.path) for r in adopt]} if adopt else {}
-            records = (load_runs(copy_adopted(adopt, self._baseline_config, folder)) if adopt
+            records = (load_runs(copy_adopted(adopt, config_mod.speed_measured(self._baseline_config), folder)) if adopt
                        else train_baseline(self._baseline_config, folder, self.repeats, progress))
             self._append(baseline_entry(self._rels(records), records, who, **extra), 0, state)
             return records

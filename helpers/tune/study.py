@@ -45,7 +45,8 @@ def run_variants(cfg: Config, variants: dict[Any, dict[str, Any]], out_dir: str 
     returns (label, record) pairs. All configs are validated before the first run starts; a finished run of the
     same config already in a variant's folder is reused (`launch_or_reuse`)."""
     out = Path(out_dir)
-    configs = [(label, with_changes(cfg, changes)) for label, changes in variants.items()]
+    configs = [(label, config_mod.speed_measured(with_changes(cfg, changes), changes))
+               for label, changes in variants.items()]
     return [(label, launch_or_reuse(c, out / slug(label_key, label), progress=progress, desc=f"{label_key}={label}"))
             for label, c in configs]
 

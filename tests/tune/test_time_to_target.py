@@ -163,7 +163,7 @@ def test_time_to_target_round_stops_an_arm_that_cannot_beat_the_best_and_the_tun
     assert time_to_target_before_after(wb)["baseline ÷ best"].iloc[0] == pytest.approx(1.0)  # best = baseline
     # finished runs pinned as another workbook's baseline (a bench's target runs): copied, with where from
     other = Workbook.create(tmp_path / "adopting", from_dict(tiny(small_corpus)))
-    with pytest.raises(RoundError, match=r"differs in compile_cache, lr, steps; pin finished runs of the baseline config"):
+    with pytest.raises(RoundError, match=r"differs in lr, steps; pin finished runs of the baseline config"):
         other.baseline(adopt=groups["candidate"])
     assert not other.baseline_runs()  # nothing pinned by the refusal
     pinned = other.baseline(adopt=wb.baseline_runs())  # differs only in target_val_loss: how a run ends
