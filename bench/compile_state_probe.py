@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="compile_state_"))
     result = {}
-    with Provenance(["python", "bench/compile_state_probe.py", *argv]) as prov:
+    with Provenance(argv, script="bench/compile_state_probe.py") as prov:
         for name, (preset, steps, changes) in CONFIGS.items():
             base = base_config(preset, steps, changes=changes)
             cached = with_changes(base, {"compile_cache": True, "compile_cache_path": str(work / "cache" / preset)})

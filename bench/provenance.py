@@ -80,12 +80,12 @@ class Provenance:
     """Around one item's run: git state, date, command line and machine before it; the load average before and
     sampled every 2 s during it; the wall seconds. `to_dict()` is the record's "provenance"."""
 
-    def __init__(self, argv: list[str]):
-        self.argv = argv
+    def __init__(self, argv: list[str], script: str = "bench/bench.py"):
+        self.argv, self.script = argv, script
 
     def __enter__(self):
         self.info = {**git_state(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                     "command": shlex.join(["python", "bench/bench.py", *self.argv]), "machine": machine(),
+                     "command": shlex.join(["python", self.script, *self.argv]), "machine": machine(),
                      "load_1min_before": os.getloadavg()[0]}
         self._t0 = time.perf_counter()
         self._sampler = LoadSampler().__enter__()
