@@ -91,6 +91,13 @@ def time_to_target(run: RunRecord, target: float) -> float | None:
     return None
 
 
+def time_or_end(run: RunRecord, target: float) -> float:
+    """`time_to_target`, or for a run that never reached `target` its last validation pass's wall seconds: a lower
+    bound of the time it would have needed (it had not got there by then)."""
+    reached = time_to_target(run, target)
+    return reached if reached is not None else float(eval_curve(run)[2][-1])
+
+
 def seed_band(reference: Sequence[float], candidate: Sequence[float]) -> float:
     """Half-width inside which a difference of the two arms' means is noise, in the values' unit (nats/token for
     validation losses, seconds for times to target).

@@ -15,7 +15,8 @@ import numpy as np
 
 from helpers.record import RunRecord, memory_label
 from helpers.units import mib_text
-from helpers.tune.convergence import TIME_TO_TARGET, TimeFigures, figures, seed_times_text, time_figures
+from helpers.tune.convergence import (TIME_TO_TARGET, TimeFigures, figures, seed_band, seed_times_text, time_figures,
+                                      time_or_end)
 from helpers.paired import Outcome, SpeedPlan, rule_text as speed_rule_text, t_quantile
 
 
@@ -246,7 +247,9 @@ def ttq_rule_text(memory_limit_bytes: int) -> str:
             "bracket the crossing; a run that never gets there did not reach and has no time. keep only if every "
             "candidate seed reached the target and their mean time is below the reference's by more than the seed "
             "band (95% Student-t half-width of the pooled seed-to-seed spread of both arms' times), or every "
-            "candidate seed reached it and a reference seed did not; reject if a candidate seed did not reach it "
+            "candidate seed reached it and no reference seed did, or every candidate seed reached it and only some "
+            "reference seeds did and the candidate's mean is below by more than the band with the others counted "
+            "at their last validation pass (a lower bound of their time); reject if a candidate seed did not reach it "
             "while every reference seed did, or its mean time is above by more than the band, or peak memory > "
             f"{mib_text(memory_limit_bytes)}; otherwise no change; a run that did not finish → failed")
 
@@ -290,6 +293,21 @@ def _against_band(delta: float, band: float) -> tuple[str, str]:
     return "no change", "within"
 
 
+def _against_censored(reference: Sequence[RunRecord], f) -> tuple[str, str]:
+    """Every candidate seed reached the target and only some reference seeds did: the others count at their last
+    validation pass (a lower bound of their time), so keep only if the candidate's mean is still below by more than
+    the seed band; else no change (a reference seed's miss is not by itself evidence that the candidate is
+    sooner: with a target at the reference's own worst final loss, a fresh reference seed misses it often)."""
+    bounds = [time_or_end(r, f.target) for r in reference]
+    band = seed_band(bounds, f.candidate_times)
+    delta = float(np.mean(f.candidate_times) - np.mean(bounds))
+    decision, where = _against_band(delta, band)
+    decision = "keep" if decision == "keep" else "no change"
+    return decision, (f"every candidate seed reached it, not every reference seed; against the reference with those "
+                      f"counted at their last validation pass (≥ {np.mean(bounds):.1f} s): {delta:+.1f} s, {where} "
+                      f"the seed band ±{band:.1f} s")
+
+
 def judge_time_to_target(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], memory_limit_bytes: int,
                          target: float) -> Verdict:
     """Apply the time-to-target rule (`ttq_rule_text`) to the two arms' seed runs (all status ok).
@@ -305,8 +323,10 @@ def judge_time_to_target(reference: Sequence[RunRecord], candidate: Sequence[Run
         speedup = float(np.mean(f.reference_times) / np.mean(f.candidate_times))
         decision, where = _against_band(f.delta, f.band)
         judged = f"{f.delta:+.1f} s, {where} the seed band ±{f.band:.1f} s"
+    elif cand_ok and not any(t is not None for t in f.reference_times):
+        decision, judged = "keep", "every candidate seed reached it, no reference seed did"
     elif cand_ok:
-        decision, judged = "keep", "every candidate seed reached it, the reference did not"
+        decision, judged = _against_censored(reference, f)
     elif ref_ok:
         decision, judged = "reject", "the candidate did not reach it, the reference did"
     else:

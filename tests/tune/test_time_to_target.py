@@ -80,8 +80,17 @@ def test_an_arm_that_did_not_reach_gets_no_time():
     assert verdict.decision == "reject" and verdict.speedup is None and verdict.noise_band is None
     assert "candidate did not reach (did not reach, 4.0 s)" in verdict.reason  # no mean for that arm
     assert "reference mean 10.5 s" in verdict.reason
-    # the other way round: every candidate seed reached it, a reference seed did not
-    assert judge_time_to_target(short, ref, 1000 * MIB, 1.9).decision == "keep"
+    # the other way round: every candidate seed reached it, one reference seed did not. That miss alone is no
+    # evidence: counted at its last pass (5 s, a lower bound) the reference is ≥ 4.5 s against the candidate's 10.5 s
+    partial = judge_time_to_target(short, ref, 1000 * MIB, 1.9)
+    assert partial.decision == "no change" and "(≥ 4.5 s): +6.0 s, above the seed band" in partial.reason, \
+        partial.reason
+    # a candidate sooner than that lower bound by more than the band is kept; one no reference seed matched, too
+    quick = [curve("q1", {2.0: 1.9}), curve("q2", {2.2: 1.85})]
+    slow = [curve("s1", {9.0: 1.9}), curve("s2", {9.5: 1.95})]  # s2 ended at 9.5 s without reaching it
+    assert judge_time_to_target(slow, quick, 1000 * MIB, 1.9).decision == "keep"
+    never = [curve("n1", {9.0: 1.95}), curve("n2", {9.5: 1.99})]
+    assert "no reference seed did" in judge_time_to_target(never, ref, 1000 * MIB, 1.9).reason
     assert judge_time_to_target(short, short, 1000 * MIB, 1.9).decision == "no change"
     over = judge_time_to_target(ref, ref, 400 * MIB, 1.9)  # the memory gate still applies
     assert over.decision == "reject" and "over the memory limit" in over.reason
