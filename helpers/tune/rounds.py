@@ -143,9 +143,8 @@ class Workbook:
                  adopt: list[RunRecord] | None = None) -> list[RunRecord]:
         """The pinned baseline's runs: trained `repeats` times (each in its own process) on the first call.
         adopt: finished runs of the baseline config to pin instead (copied into baseline/), e.g. the runs that set
-        a time-to-target bench's target; trained as the baseline's own runs are (`config.speed_measured`: compile
-        cache off), they may differ from it only in folders.ADOPTABLE keys (the seed, when a run ends, the
-        profiler's window), else RoundError (one line)."""
+        a time-to-target bench's target, trained as the baseline's own runs are (`config.speed_measured`); they
+        may differ only in folders.ADOPTABLE keys (seed, when a run ends, profiler window), else RoundError."""
         with self._lock.hold():
             state = self._state()
             if state.pinned:
