@@ -219,7 +219,7 @@ def test_workbook_run_writes_a_report(tmp_path, small_corpus):
 @pytest.mark.slow
 def test_every_notebook_runs_from_its_folder_with_its_own_defaults(notebooks_run):
     """As a user opens them: cwd = the notebooks' folder, every default as written (relative folders included);
-    only the model preset and step count are made small (issue 14.1: 12 of 14 notebooks failed like this)."""
+    only the model preset, step count and seeds are made small (issue 14.1: 12 of 14 notebooks failed like this)."""
     root, failures = notebooks_run
     assert failures == {}
     # The default folders are relative to the notebooks: the workbook and the DP runs sit next to them.
