@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from helpers.config import with_changes
+from helpers.config import speed_measured, with_changes
 from helpers.spawn.stepped import launch_stepped
 from helpers.spawn.runner import child_env
 from helpers.paired import Measurement, SpeedPlan, interval_of
@@ -55,6 +55,8 @@ def calibrate(cfg, probe: int = PROBE_WIDTH) -> dict:
     """Ballast widths for +5% and +10% step time: one paired process (ballast `probe` vs none, 24 pairs); the
     step-time factor per unit of width is taken as constant (a MatMul's cost grows linearly in its width)."""
     with tempfile.TemporaryDirectory() as tmp, LoadSampler() as load:
+        # each arm compiles its own graph, as a round's arms do (config.speed_measured)
+        cfg = speed_measured(cfg)
         heavy = with_changes(cfg, {"model.ballast": probe})
         _, _, raw, error = launch_stepped(cfg, heavy, Path(tmp), CALIBRATION.to_dict(), lambda m: False,
                                           progress=False)

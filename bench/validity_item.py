@@ -40,7 +40,7 @@ import statistics
 import time
 from pathlib import Path
 
-from helpers.config import with_changes
+from helpers.config import speed_measured, with_changes
 from helpers.paired import Measurement, SpeedPlan, t_quantile
 from helpers.spawn.runner import launch_or_reuse
 from helpers.spawn.stepped import launch_stepped, warmup_steps
@@ -82,10 +82,13 @@ PROCESS_EFFECTS = ("A/A (processes, slow data)", "threads 1→2")
 
 def _interleaved(ref_cfg, cand_cfg, folder: Path, steps: int) -> dict:
     """The true ratio: the arms' processes taking turns for `steps` steps each after their warm-up, tokens ÷ wall
-    time of all their steps (no looks, no trimming); kept in `folder` (reused when there)."""
+    time of all their steps (no looks, no trimming); kept in `folder` (reused when there). Each arm compiles its
+    own graph, as a round's arms do (`speed_measured`): with the cache on, a truth's arm that loaded its graph
+    stepped faster than the other that compiled, and the truths moved away from what the rounds measure."""
     done = folder / "truth.json"
     if done.is_file():
         return json.loads(done.read_text(encoding="utf-8"))
+    ref_cfg, cand_cfg = speed_measured(ref_cfg), speed_measured(cand_cfg)
     plan = SpeedPlan(block_steps=8, looks=(steps // 8,), alphas=(0.01,), interleave="steps")
     _, _, raw, error = launch_stepped(ref_cfg, cand_cfg, folder, plan.to_dict(), lambda m: False, progress=False)
     if error or raw is None or len(raw["pairs"]) < plan.max_pairs:
@@ -99,15 +102,15 @@ def _interleaved(ref_cfg, cand_cfg, folder: Path, steps: int) -> dict:
 
 
 def _standalone(ref_cfg, cand_cfg, folder: Path, pairs: int, steps: int) -> dict:
-    """The cross-check: ABBA pairs of separate runs of `steps` steps, each run's tokens ÷ wall time of its steps
-    after the warm-up, the ratio of the arms' means and a 95% t interval of the ratio over the pairs' log ratios.
+    """The cross-check: ABBA pairs of separate runs of `steps` steps (each compiling its own graph), each run's
+    tokens ÷ wall time of its steps after the warm-up, the ratio of the arms' means and a 95% t interval of the ratio over the pairs' log ratios.
     A run already in `folder` with the same config is reused (resumable)."""
     rates = {"reference": [], "candidate": []}
     for k in range(pairs):
         for arm in (("reference", "candidate") if k % 2 == 0 else ("candidate", "reference")):
             cfg = with_changes(ref_cfg if arm == "reference" else cand_cfg,
                                {"steps": steps, "eval_every": 0, "checkpoint_every": 0})
-            cfg = with_changes(cfg, {"steady_after": warmup_steps(cfg)})
+            cfg = speed_measured(with_changes(cfg, {"steady_after": warmup_steps(cfg)}))
             run = launch_or_reuse(cfg, folder / f"{arm}_{k + 1}", progress=False)
             if run.status != "ok":
                 raise RuntimeError(f"standalone run {run.path} ended {run.status}: {run.summary.get('status_reason')}")
