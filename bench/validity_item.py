@@ -103,7 +103,8 @@ def _interleaved(ref_cfg, cand_cfg, folder: Path, steps: int) -> dict:
 
 def _standalone(ref_cfg, cand_cfg, folder: Path, pairs: int, steps: int) -> dict:
     """The cross-check: ABBA pairs of separate runs of `steps` steps (each compiling its own graph), each run's
-    tokens ÷ wall time of its steps after the warm-up, the ratio of the arms' means and a 95% t interval of the ratio over the pairs' log ratios.
+    tokens ÷ wall time of its steps after the warm-up, the ratio of the arms' means and a 95% t interval of the
+    ratio over the pairs' log ratios.
     A run already in `folder` with the same config is reused (resumable)."""
     rates = {"reference": [], "candidate": []}
     for k in range(pairs):
