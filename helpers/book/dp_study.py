@@ -28,11 +28,11 @@ def dp_configs(preset: str, steps: int, corpus: str, batch_size: int, device_tar
     config carries the fusion knobs' settings (bucket MB, split indices) so that a round changes comm_fusion
     only; every DP run, and each arm of a fusion round, profiles its all-reduces (parallel.comm_profile_steps).
     Their speeds are compared, so each compiles its own graph (`config.speed_measured`)."""
-    base = speed_measured(from_dict({"model": {"preset": preset}, "data": {"corpus": [corpus]}, "steps": steps,
-                      "batch_size": batch_size, "warmup": max(1, steps // 10), "eval_every": 0,
-                      "eval_batches": 4, "steady_after": max(2, min(5, steps // 5)),
-                      "device_target": device_target,
-                      "parallel": {"fusion_size_mb": fusion_mb, "fusion_indices": fusion_indices or [5, 10]}}))
+    base = speed_measured(from_dict({
+        "model": {"preset": preset}, "data": {"corpus": [corpus]}, "steps": steps, "batch_size": batch_size,
+        "warmup": max(1, steps // 10), "eval_every": 0, "eval_batches": 4, "steady_after": max(2, min(5, steps // 5)),
+        "device_target": device_target,
+        "parallel": {"fusion_size_mb": fusion_mb, "fusion_indices": fusion_indices or [5, 10]}}))
     return {"single process": base, "dp2 unfused": with_changes(base, {"parallel.data_parallel": 2})}
 
 
