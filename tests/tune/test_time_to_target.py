@@ -15,8 +15,8 @@ from helpers.tune.autotune import BUDGET_MARGIN, AutotuneError
 from helpers.tune.convergence import RECIPE, seed_band, time_figures, time_to_target
 from helpers.tune.rules import judge_time_to_target
 from helpers.tune.rounds import RoundError, Workbook
-from helpers.tune.ttq_search import (CAP_MARGIN, autotune_time_to_target, loss_at_time, recipe_arms,
-                                    time_to_beat)
+from helpers.tune.ttq_search import (CAP_MARGIN, DEFAULT_OVERHEAD_S, autotune_time_to_target, loss_at_time,
+                                    recipe_arms, time_to_beat)
 from helpers.spawn.runner import launch
 from helpers.book.report import time_to_target_before_after, time_to_target_table
 from tests.conftest import run_cli
@@ -205,9 +205,9 @@ def test_autotune_time_to_target_explains_every_arm(tmp_path, small_corpus):
     cfg = from_dict(tiny(small_corpus, steps=150, target_val_loss=2.7))
     base = Workbook.create(tmp_path / "base", cfg).baseline(progress=False)
     # the budget from the baseline's pace on this host (a fixed one left a slow CI host no screen): what the
-    # tuner's plan estimates (ttq_search._plan, 3 s overhead for pinned runs) for a round and 2.5 screening runs,
-    # so at least two arms race
-    cap, overhead = time_to_beat(base, 2.7)[0] * CAP_MARGIN, 3.0
+    # tuner's plan estimates (ttq_search._plan, its default overhead for pinned runs) for a round and 2.5
+    # screening runs, so at least two arms race
+    cap, overhead = time_to_beat(base, 2.7)[0] * CAP_MARGIN, DEFAULT_OVERHEAD_S
     ref_s = sum(r.metrics[-1]["elapsed_s"] for r in base) / len(base) + overhead
     budget_s = (2 * (ref_s + cap + overhead) + 2.5 * (cap + overhead)) * BUDGET_MARGIN
     result = autotune_time_to_target(cfg, tmp_path / "wb", budget_s / 60, 2.7, baseline_runs=base,
