@@ -1,10 +1,10 @@
 """Evidence for `config.speed_measured`: A/A measurements (the same config in both arms, two arm processes taking
-turns step by step, as a round measures) with the compile cache on in both arms, its folder warm — so one arm
-loads the graph and the other, locked out of the folder, compiles it — against the same with the cache off in
-both (both compile). Per launch: the candidate ÷ reference mean step time over all measured steps, and which arm
-loaded its graph.
+turns step by step, as a round measures) in three compile states: `cache on` (both arms share one warm folder, so
+one arm loads the graph and the other, locked out of the folder, compiles it), `cache off` (both compile) and
+`both loaded` (each arm loads its own copy of the warm folder: the rule a suite-wide cache would need). Per launch:
+the candidate ÷ reference mean step time over all measured steps, and which arm loaded its graph.
 
-    python bench/compile_state_probe.py [--trials 6] [--out docs/data/compile_state_aa.json]
+    python bench/compile_state_probe.py [--trials 6] [--states "cache on,cache off"] [--out docs/data/compile_state_aa.json]
 
 Needs a clean tree (the record names its commit); run it with nothing else running.
 """
@@ -37,16 +37,34 @@ CONFIGS = {  # name → (preset, steps, changes): the autotune notebook's naive 
 PLAN = {"block_steps": 8, "looks": [12]}
 
 
-def _launch(cfg, folder: Path) -> dict:
-    """One A/A launch; the ratio and each arm's compile state."""
-    _, _, raw, error = launch_stepped(cfg, cfg, folder, PLAN, lambda m: False, progress=False)
+STATES = ("cache on", "cache off", "both loaded")
+
+
+def _arms(state: str, base, cached, folder: Path) -> tuple:
+    """(reference, candidate) configs of one launch in `state`; `both loaded` copies the warm folder once per arm."""
+    if state == "cache on":
+        return cached, cached
+    if state == "cache off":
+        off = with_changes(base, {"compile_cache": False})
+        return off, off
+    arms = []
+    for arm in ("reference", "candidate"):
+        copy = folder.parent / f"{folder.name}_cache_{arm}"
+        shutil.copytree(cached.compile_cache_path, copy)
+        arms.append(with_changes(cached, {"compile_cache_path": str(copy)}))
+    return tuple(arms)
+
+
+def _launch(ref, cand, folder: Path) -> dict:
+    """One A/A launch; the ratio and each arm's compile state (loaded: cache on and not locked out of it)."""
+    _, _, raw, error = launch_stepped(ref, cand, folder, PLAN, lambda m: False, progress=False)
     if error or raw is None or not raw["pairs"]:
         raise RuntimeError(f"A/A in {folder} failed: {error or (raw or {}).get('reason')}")
     logs = [math.log(statistics.fmean(c) / statistics.fmean(r)) for r, c in raw["pairs"]]
     arms = {}
     for arm in ("reference", "candidate"):
         summary = json.loads((folder / arm / "summary.json").read_text(encoding="utf-8"))
-        loaded = cfg.compile_cache and not summary.get("compile_cache_off")
+        loaded = ref.compile_cache and not summary.get("compile_cache_off")
         arms[arm] = {"compile_s": round(summary["compile_s"], 3), "graph": "loaded" if loaded else "compiled",
                      "step_time_ms": round(summary["step_time_ms"], 3)}
     return {"candidate_over_reference_step": round(math.exp(statistics.fmean(logs)), 4), "pairs": len(logs),
@@ -56,8 +74,12 @@ def _launch(cfg, folder: Path) -> dict:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=6)
+    p.add_argument("--states", default="cache on,cache off", help=f"comma-separated, of: {', '.join(STATES)}")
     p.add_argument("--out", type=Path, default=BENCH.parent / "docs" / "data" / "compile_state_aa.json")
     args = p.parse_args(argv)
+    states = [x.strip() for x in args.states.split(",")]
+    if not states or any(x not in STATES for x in states):
+        p.error(f"--states {args.states!r}: choose from {', '.join(STATES)}")
     work = Path(tempfile.mkdtemp(prefix="compile_state_"))
     result = {}
     with Provenance(argv, script="bench/compile_state_probe.py") as prov:
@@ -65,15 +87,18 @@ def main(argv: list[str]) -> int:
             base = base_config(preset, steps, changes=changes)
             cached = with_changes(base, {"compile_cache": True, "compile_cache_path": str(work / "cache" / preset)})
             launch(cached, work / f"warm_{preset}", progress=False)  # the folder warm, as a workbook's baseline leaves it
-            rows = {"cache on": [], "cache off": []}
-            for k in range(args.trials):  # interleaved, so drift lands on both
-                for state, cfg in (("cache on", cached), ("cache off", with_changes(base, {"compile_cache": False}))):
-                    rows[state].append(_launch(cfg, work / f"{preset}_{state.replace(' ', '_')}_{k}"))
+            rows = {state: [] for state in states}
+            for k in range(args.trials):  # interleaved, so drift lands on every state
+                for state in states:
+                    folder = work / f"{preset}_{state.replace(' ', '_')}_{k}"
+                    rows[state].append(_launch(*_arms(state, base, cached, folder), folder))
                     print(name, state, rows[state][-1]["candidate_over_reference_step"], flush=True)
             result[name] = {
                 state: {"trials": got, "loaded_over_compiled_step": _loaded_ratio(got) if state == "cache on" else None,
                         "abs_log_ratio_median": round(statistics.median(
-                            abs(math.log(t["candidate_over_reference_step"])) for t in got), 4)}
+                            abs(math.log(t["candidate_over_reference_step"])) for t in got), 4),
+                        "step_time_ms_median": round(statistics.median(
+                            a["step_time_ms"] for t in got for a in t["arms"].values()), 3)}
                 for state, got in rows.items()}
     shutil.rmtree(work, ignore_errors=True)
     atomic_write_json(args.out, {"what": __doc__.split("\n\n")[0], "plan": PLAN, "provenance": prov.to_dict(),
