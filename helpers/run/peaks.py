@@ -224,6 +224,11 @@ def _loaded(entry: dict, cores: int) -> bool:
     return entry["load_avg_1m"] > PEAK_LOADED_PER_CORE * cores
 
 
+def _awaiting_quiet(entry: dict, cores: int) -> bool:
+    """Whether a cached peak was measured under load and no try since has run quiet (it is tried again)."""
+    return _loaded(entry, cores) and not entry.get("quiet_at")
+
+
 def _load_words(entry: dict) -> str:
     others = entry.get("others_cores")
     return f"load {entry['load_avg_1m']:.2f}" + ("" if others is None else f", other processes {others:.2f} cores")
@@ -246,8 +251,7 @@ def _why_remeasure(entry: dict | None, cores: int) -> str:
         return f"the cached peak of {entry.get('measured_at')} is older than {PEAK_STALE_S / 3600:.0f} h"
     if entry.get("method") != PEAK_METHOD:
         return f"the cached peak of {entry.get('measured_at')} was timed by an earlier method (loops under 50 ms)"
-    if _loaded(entry, cores) and not entry.get("quiet_at") \
-            and _age_s(entry.get("tried_at", entry["measured_at"])) > PEAK_RETRY_S:
+    if _awaiting_quiet(entry, cores) and _age_s(entry.get("tried_at", entry["measured_at"])) > PEAK_RETRY_S:
         return (f"the cached peak of {entry['measured_at']} was measured under load ({_load_words(entry)}), and no "
                 f"try in the last {PEAK_RETRY_S / 60:.0f} min ran quiet")
     return ""
@@ -299,8 +303,8 @@ def _peak_flops_info(path: Path, key: str, device_target: str, dtype: str, shape
     name = (f"achievable: MindSpore's {dtype} MatMul on {device_target}, the fastest of the model's shapes "
             f"{', '.join('×'.join(map(str, s)) for s in shapes)} (M×K×N)")
     if not why:
-        retry = "" if not _loaded(old, cores) or old.get("quiet_at") else \
-            f" (under load; tried again at most every {PEAK_RETRY_S / 60:.0f} min until a try runs quiet)"
+        retry = f" (under load; tried again at most every {PEAK_RETRY_S / 60:.0f} min until a try runs quiet)" \
+            if _awaiting_quiet(old, cores) else ""
         return {**old, "name": name, "cores": old.get("cores", cores), "loaded": _loaded(old, cores),
                 "source": f"cached: measured {old['measured_at']} at {_load_words(old)} on {cores} cores{retry}"}
     before = load_average()
