@@ -60,8 +60,8 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def tiny_args(corpus: Path, steps: int = 30, *extra: str) -> list[str]:
-    """--set arguments for a seconds-long run of the tiny preset on `corpus`."""
-    sets = [f"data.corpus={corpus}", "model.preset=tiny", "batch_size=8", f"steps={steps}",
+    """--set arguments for a seconds-long run of the debug preset (tiny with one block) on `corpus`."""
+    sets = [f"data.corpus={corpus}", "model.preset=debug", "batch_size=8", f"steps={steps}",
             "warmup=5", "eval_every=0", "eval_batches=2", "steady_after=3", *extra]
     return [a for s in sets for a in ("--set", s)]
 
@@ -176,8 +176,10 @@ def _run_notebooks(books: Path, wanted) -> dict[str, str]:
             ready = start_kernel("python3", books) if paths else None
             for i, path in enumerate(paths):
                 declared = notebook_parameters(path)
-                # tiny sizes: seeds too (notebook 14 trains 3 a round by default, ~20 s more here for no new check)
-                params = {k: v for k, v in {"preset": "tiny", "steps": 12, "seeds": 2}.items() if k in declared}
+                # tiny sizes: the one-block preset, seeds too (notebook 14 trains 3 a round by default, ~20 s more
+                # here for no new check)
+                small = {"preset": "debug", "autotune_preset": "debug", "steps": 12, "seeds": 2}
+                params = {k: v for k, v in small.items() if k in declared}
                 km, ready = ready, (start_kernel("python3", books) if i + 1 < len(paths) else None)
                 close_warm(km)
                 with kernel_env():

@@ -33,7 +33,7 @@ ERRORS = (ConfigError, DataError, RecordError, RoundError, WorkbookError)
 
 def tiny(corpus):
     """A valid tiny config on `corpus` (a path or registry name)."""
-    return from_dict({"model": {"preset": "tiny"}, "data": {"corpus": [str(corpus)]}, "batch_size": 8, "steps": 5,
+    return from_dict({"model": {"preset": "debug"}, "data": {"corpus": [str(corpus)]}, "batch_size": 8, "steps": 5,
                       "steady_after": 2, "eval_every": 0, "eval_batches": 2})
 
 

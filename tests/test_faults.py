@@ -118,7 +118,9 @@ def small_disk(tmp_path):
 @pytest.mark.ci_required  # needs root to mount the tmpfs: CI runs as root, so a skip there is a failure
 def test_full_disk_is_one_line_and_keeps_the_record_whole(small_disk, small_corpus, tmp_path):
     run = small_disk / "run"
-    proc = run_cli("train", *tiny_args(small_corpus, 200, "checkpoint_every=20", "keep_checkpoints=5"),
+    # the tiny preset: the disk is sized to its checkpoint
+    proc = run_cli("train", *tiny_args(small_corpus, 200, "checkpoint_every=20", "keep_checkpoints=5",
+                                       "model.preset=tiny"),
                    "--out", str(run), "--progress", "none")
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]  # MindSpore logs its own CRITICAL line before ours
@@ -163,7 +165,7 @@ def pinned(tmp_path_factory, small_corpus):
     """A workbook with its baseline pinned (two tiny runs); tests work on copies."""
     # shuffle_buffer 1: a slow-storage candidate's first batch waits for one sample, not for the 4096-sample
     # shuffle buffer (or all its samples) to fill
-    cfg = from_dict({"model": {"preset": "tiny"}, "data": {"corpus": [str(small_corpus)], "shuffle_buffer": 1},
+    cfg = from_dict({"model": {"preset": "debug"}, "data": {"corpus": [str(small_corpus)], "shuffle_buffer": 1},
                      "batch_size": 8, "steps": 12, "warmup": 0, "eval_every": 0, "eval_batches": 2,
                      "steady_after": 3, "threads": 1})
     wb = Workbook.create(tmp_path_factory.mktemp("pinned") / "book", cfg, repeats=2)

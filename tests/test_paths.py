@@ -30,13 +30,13 @@ def test_relative_paths_are_made_absolute_against_the_working_directory(tmp_path
 
 @pytest.mark.slow
 def test_workbook_in_a_relative_folder_from_another_directory(tmp_path, monkeypatch):
-    """The issue's own reproduction: Workbook.create('wb', base_config('tiny', …)) then wb.baseline()."""
+    """The issue's own reproduction: Workbook.create('wb', base_config(preset, …)) then wb.baseline()."""
     from helpers import Workbook, base_config
     user = tmp_path / "user"
     user.mkdir()
     (user / "small.txt").write_text(make_text(20000), encoding="utf-8")
     monkeypatch.chdir(user)
-    wb = Workbook.create("wb", base_config("tiny", 12, corpus="small.txt"))
+    wb = Workbook.create("wb", base_config("debug", 12, corpus="small.txt"))
     records = wb.baseline(progress=False)
     assert [r.status for r in records] == ["ok", "ok"]
     assert all(r.path.parent == user / "wb" / "baseline" for r in records)
@@ -50,7 +50,7 @@ def test_workbook_in_a_relative_folder_from_another_directory(tmp_path, monkeypa
 def test_cli_train_with_relative_out_and_corpus(tmp_path):
     (tmp_path / "small.txt").write_text(make_text(20000), encoding="utf-8")
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(REPO_ROOT))
-    sets = ["data.corpus=small.txt", "model.preset=tiny", "batch_size=4", "steps=8", "warmup=2", "eval_every=0",
+    sets = ["data.corpus=small.txt", "model.preset=debug", "batch_size=4", "steps=8", "warmup=2", "eval_every=0",
             "eval_batches=2", "steady_after=3"]
     proc = subprocess.run([sys.executable, "-m", "helpers", "train", *[a for s in sets for a in ("--set", s)],
                            "--out", "runs/x", "--progress", "none"], cwd=tmp_path, env=env, capture_output=True,

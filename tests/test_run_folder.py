@@ -24,7 +24,7 @@ def train(out, corpus, steps, *extra) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, small_corpus):
-    """A finished 10-step tiny run (the issue's `--set model.preset=tiny --set steps=10`) and its bytes."""
+    """A finished 10-step run (the issue's `--set steps=10`, of the debug preset here) and its bytes."""
     out = tmp_path_factory.mktemp("finished") / "R"
     proc = train(out, small_corpus, 10)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -111,4 +111,4 @@ def test_the_memory_estimate_is_below_what_a_run_takes(finished, small_corpus, t
     measured = long.summary["peak_memory_bytes"] - small.summary["peak_memory_bytes"]
     estimated = need_bytes(long.config) - need_bytes(small.config)
     assert 0 < estimated <= measured, (estimated, measured)
-    assert need_bytes(from_dict({"model": {"preset": "tiny", "seq_len": 100000}})) > 100 * 2 ** 30
+    assert need_bytes(from_dict({"model": {"preset": "debug", "seq_len": 100000}})) > 100 * 2 ** 30

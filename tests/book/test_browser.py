@@ -44,7 +44,7 @@ def _free_port() -> int:
 def _panel_notebook(folder: Path) -> Path:
     cells = [new_code_cell("from helpers.tune.rounds import Workbook\nfrom helpers.tune.study import base_config\n"
                            "from helpers.book.widgets import round_panel"),
-             new_code_cell("wb = Workbook.create('wb', base_config('tiny', 10))\nround_panel(wb, 'batch_size', '16')")]
+             new_code_cell("wb = Workbook.create('wb', base_config('debug', 10))\nround_panel(wb, 'batch_size', '16')")]
     nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
                                                             "language": "python"}})
     path = folder / "panel.ipynb"
@@ -57,7 +57,7 @@ def _baseline_notebook(folder: Path, corpus: Path) -> Path:
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
     nb = load_notebook_node(str(REPO / "notebooks" / "01_baseline.ipynb"))
-    params = {"workbook_dir": str(folder / "workbook"), "preset": "tiny", "steps": 10, "repeats": 2,
+    params = {"workbook_dir": str(folder / "workbook"), "preset": "debug", "steps": 10, "repeats": 2,
               "corpus": str(corpus), "aa_check": False}
     path = folder / "01_baseline.ipynb"
     nbformat.write(parameterize_notebook(nb, params), str(path))
@@ -230,7 +230,7 @@ def _report_with_a_round(tmp_path: Path, corpus: Path) -> Path:
     kernelspec = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
     params = new_code_cell('workbook_dir = "wb"\ncorpus = ""', metadata={"tags": ["parameters"]})
     round_cell = new_code_cell("from helpers.tune.rounds import Workbook\nfrom helpers.tune.study import base_config\n"
-                               "wb = Workbook.create(workbook_dir, base_config('tiny', 12, corpus=corpus))\n"
+                               "wb = Workbook.create(workbook_dir, base_config('debug', 12, corpus=corpus))\n"
                                "wb.baseline(progress=False)\n"
                                "print(wb.run_round('batch_size', {'batch_size': 32}, progress=False).decision)")
     nbformat.write(new_notebook(cells=[params, round_cell], metadata=kernelspec), str(books / "00_round.ipynb"))

@@ -59,7 +59,7 @@ def test_wrong_parameter_type_is_one_line_before_running(tmp_path):
     check_params({"steps": 10, "slow_storage_ms": 3, "batch_sweep": []}, defaults)  # an int is a fine float
     with pytest.raises(WorkbookError, match=r"invalid config: model.preset='huge' is not allowed"):
         preflight({"preset": "huge"}, defaults)
-    preflight({"preset": "tiny", "steps": 10}, defaults)
+    preflight({"preset": "debug", "steps": 10}, defaults)
 
     params = tmp_path / "p.yaml"
     params.write_text("steps: fifty\n")
@@ -188,7 +188,7 @@ def test_workbook_run_writes_a_report(tmp_path, small_corpus):
     for path in mine:
         shutil.copy(path, books / path.name)
     params = tmp_path / "tiny.yaml"
-    params.write_text(yaml.safe_dump({"preset": "tiny", "steps": 10, "repeats": 2, "corpus": str(small_corpus),
+    params.write_text(yaml.safe_dump({"preset": "debug", "steps": 10, "repeats": 2, "corpus": str(small_corpus),
                                       "aa_check": False}))
     out = tmp_path / "reports" / "stamp"
     results = run_workbook(params, out, books, log=lambda _: None)
@@ -298,7 +298,7 @@ def test_a_notebook_run_twice_into_one_workbook_reuses_its_fixed_folder_run(tmp_
     books.mkdir()
     shutil.copy(NOTEBOOKS_DIR / "01_baseline.ipynb", books)
     book = tmp_path / "workbook"
-    params = {"workbook_dir": str(book), "preset": "tiny", "steps": 8, "corpus": str(small_corpus)}
+    params = {"workbook_dir": str(book), "preset": "debug", "steps": 8, "corpus": str(small_corpus)}
     profiled = book / "studies" / "profiled_baseline"
 
     def execute(k: int) -> str:

@@ -58,7 +58,7 @@ def test_a_folder_that_is_no_run_is_refused_before_writing(tmp_path):
 
 @pytest.mark.slow
 def test_a_workbook_exports_each_rounds_runs_as_separate_runs(tmp_path, small_corpus):
-    cfg = from_dict({"model": {"preset": "tiny"}, "data": {"corpus": [str(small_corpus)]}, "batch_size": 4,
+    cfg = from_dict({"model": {"preset": "debug"}, "data": {"corpus": [str(small_corpus)]}, "batch_size": 4,
                      "steps": 6, "warmup": 0, "eval_every": 0, "eval_batches": 2, "steady_after": 2, "threads": 1})
     wb = Workbook.create(tmp_path / "wb", cfg, repeats=2)
     wb.baseline(progress=False)

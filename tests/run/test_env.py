@@ -116,7 +116,7 @@ def test_the_hosts_busy_time_counts_this_process_s_own_cpu():
 
 def test_the_achievable_peak_is_measured_on_the_models_shapes_and_cached_per_shape_set(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    tiny = peaks.matmul_shapes(from_dict({"model": {"preset": "tiny"}, "batch_size": 8}), 65)
+    tiny = peaks.matmul_shapes(from_dict({"model": {"preset": "debug"}, "batch_size": 8}), 65)
     assert tiny == [(256, 64, 192), (256, 64, 64), (256, 64, 256), (256, 256, 64), (256, 64, 65)]  # M = 8 × 32
     info = peaks.peak_flops_info("CPU", "fp32", 0, tiny)
     assert [r["shape"] for r in info["shapes"]] == [list(s) for s in tiny]

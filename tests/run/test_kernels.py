@@ -165,7 +165,7 @@ def _loss_and_grads(overrides: dict):
     import mindspore as ms
     from mindspore import ops
     from helpers.run.model import LossNet, build_model
-    cfg = from_dict({"model": {"preset": "tiny"}, **overrides})
+    cfg = from_dict({"model": {"preset": "debug"}, **overrides})
     ms.set_seed(0)
     net = LossNet(build_model(cfg, 50, kernels.resolve_kernels(cfg)), 50)
     data = np.random.default_rng(1).integers(0, 50, (4, 33)).astype(np.int32)
@@ -175,7 +175,7 @@ def _loss_and_grads(overrides: dict):
     return float(net(x, y).asnumpy()), {p.name: g.asnumpy() for p, g in zip(params, grads)}
 
 
-PLAIN = {"model": {"preset": "tiny", "kernels": "mindspore", "norm_backward": "mindspore", "gelu": "mindspore"}}
+PLAIN = {"model": {"preset": "debug", "kernels": "mindspore", "norm_backward": "mindspore", "gelu": "mindspore"}}
 
 
 @needs_library
@@ -258,10 +258,10 @@ def test_amp_o1_takes_mindspores_layernorm_and_trains(tmp_path):
     from mindspore import ops
     from helpers.run.model import LayerNorm, LossNet, build_model
     from helpers.run.precision import apply_precision
-    o0 = from_dict({"model": {"preset": "tiny", "kernels": "mindspore"}})
+    o0 = from_dict({"model": {"preset": "debug", "kernels": "mindspore"}})
     assert any(isinstance(c, LayerNorm) and c.impl == "manual"
                for _, c in build_model(o0, 50, "mindspore").cells_and_names())
-    cfg = from_dict({"model": {"preset": "tiny"}, "amp_level": "O1"})
+    cfg = from_dict({"model": {"preset": "debug"}, "amp_level": "O1"})
     ms.set_seed(0)
     cwd = os.getcwd()
     net = LossNet(apply_precision(build_model(cfg, 50, kernels.resolve_kernels(cfg)), cfg, tmp_path), 50)

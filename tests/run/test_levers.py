@@ -92,13 +92,13 @@ def test_head_norm_gives_unit_rms_per_head():
 
 def _gpt(**model):
     from helpers.run.model import GPT
-    cfg = from_dict({"model": {"preset": "tiny", **model}}).model
+    cfg = from_dict({"model": {"preset": "debug", **model}}).model
     return GPT(cfg, 40, native=False), cfg
 
 
 def test_relu2_mlp_is_the_square_of_relu():
     from helpers.run.model import MLP
-    cfg = from_dict({"model": {"preset": "tiny", "mlp": "relu2"}}).model
+    cfg = from_dict({"model": {"preset": "debug", "mlp": "relu2"}}).model
     mlp = MLP(cfg, 0.02, native=False)
     x = RNG.standard_normal((3, cfg.d_model))
     up_w, up_b = mlp.up.weight.asnumpy(), mlp.up.bias.asnumpy()
@@ -201,7 +201,7 @@ LEVERS = {"recipe": {"optimizer": "muon", "schedule": "wsd", "cooldown_frac": 0.
 @pytest.mark.parametrize("lever", LEVERS)
 def test_every_lever_trains(tmp_path, small_corpus, lever):
     from helpers.run.train import train
-    cfg = base_config("tiny", 20, str(small_corpus), {"warmup": 3, "eval_every": 0, "eval_batches": 2,
+    cfg = base_config("debug", 20, str(small_corpus), {"warmup": 3, "eval_every": 0, "eval_batches": 2,
                                                       "steady_after": 2, "threads": 1, **LEVERS[lever]})
     train(cfg, tmp_path / lever)
     record = load_run(tmp_path / lever)

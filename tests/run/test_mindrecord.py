@@ -21,7 +21,7 @@ def corpus(tmp_path_factory):
 
 
 def text_cfg(corpus, **extra):
-    return from_dict({"model": {"preset": "tiny"}, "data": {"corpus": [str(corpus)]}, "batch_size": 8, "steps": 10,
+    return from_dict({"model": {"preset": "debug"}, "data": {"corpus": [str(corpus)]}, "batch_size": 8, "steps": 10,
                       "steady_after": 3, "eval_batches": 2, **extra})
 
 

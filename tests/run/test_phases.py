@@ -12,7 +12,7 @@ from helpers.tune.study import base_config
 
 
 def _tiny(corpus, **changes):
-    return base_config("tiny", 6, str(corpus), {"steady_after": 2, "eval_every": 0, "eval_batches": 2, "threads": 1,
+    return base_config("debug", 6, str(corpus), {"steady_after": 2, "eval_every": 0, "eval_batches": 2, "threads": 1,
                                                 **changes})
 
 

@@ -99,7 +99,7 @@ def test_a_run_in_a_process_without_an_entry_script_trains_with_the_cache_off_an
     """MindSpore's compile cache reads sys.argv[0] as a dependency of the graph: under `python -c` (or a pytest-xdist
     worker) that is no file, and compiling failed with FileNotFoundError '<cwd>/-c'."""
     code = ("import sys\nfrom helpers.run.train import Trainer\nfrom helpers.tune.study import base_config\n"
-            "cfg = base_config('tiny', 4, sys.argv[1], {'eval_every': 0, 'eval_batches': 2, 'steady_after': 2,"
+            "cfg = base_config('debug', 4, sys.argv[1], {'eval_every': 0, 'eval_batches': 2, 'steady_after': 2,"
             " 'compile_cache_path': sys.argv[3]})\n"
             "Trainer(cfg, sys.argv[2]).run()\n")
     proc = subprocess.run([sys.executable, "-c", code, str(small_corpus), str(tmp_path / "run"),

@@ -27,7 +27,7 @@ def test_the_host_sets_each_steps_lr_into_one_scalar_parameter_that_the_compiled
 
     mindspore_on_cpu(mode)
     ms.set_seed(0)
-    cfg = from_dict({"model": {"preset": "tiny"}, "lr": 1e-2, "min_lr": 1e-3, "warmup": 2, "steps": 6})
+    cfg = from_dict({"model": {"preset": "debug"}, "lr": 1e-2, "min_lr": 1e-3, "warmup": 2, "steps": 6})
     net = GPT(cfg.model, 50, False)
     opt = make_optimizer(net, lr_at(cfg, 1), 0.0, [0.9, 0.99], 1e-8)
     step = Stepper(LossNet(net, 50), opt, 0.0, "none", 1.0, 1000, 1).train_step
@@ -58,7 +58,7 @@ def test_gradient_accumulation_4x2_equals_one_batch_of_8():
 
     mindspore_on_cpu()
     ms.set_seed(0)
-    cfg = from_dict({"model": {"preset": "tiny"}})
+    cfg = from_dict({"model": {"preset": "debug"}})
     net = GPT(cfg.model, 50, False)
     loss_net = LossNet(net, 50)
     data = np.random.default_rng(0).integers(0, 50, (8, 33)).astype(np.int32)

@@ -13,7 +13,7 @@ from helpers.wire import RankFile, decode_rank_file, rank_file
 
 
 def _dp(corpus):
-    return base_config("tiny", 8, str(corpus), {"batch_size": 8, "parallel.data_parallel": 2})
+    return base_config("debug", 8, str(corpus), {"batch_size": 8, "parallel.data_parallel": 2})
 
 
 def test_rank_zero_writes_the_runs_folder_the_others_their_own(tmp_path):
@@ -40,5 +40,5 @@ def test_the_rank_file_is_what_the_merge_reads(tmp_path):
 def test_no_profiler_window_no_collective_time(tmp_path, small_corpus):
     cfg = _dp(small_corpus)
     assert cfg.monitor.profile_steps == 0 and profiled_comm(tmp_path, cfg) is None
-    profiled = base_config("tiny", 30, str(small_corpus), {"monitor.profile_steps": 4})
+    profiled = base_config("debug", 30, str(small_corpus), {"monitor.profile_steps": 4})
     assert profiled_comm(tmp_path, profiled) is None  # a window that never closed left no profile to read

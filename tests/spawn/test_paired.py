@@ -32,7 +32,7 @@ def test_progress_lines_move_the_bar_and_reach_the_listeners():
 
 @pytest.mark.slow
 def test_both_arms_in_each_rank_of_one_msrun_launch(tmp_path, small_corpus):
-    ref = base_config("tiny", 12, str(small_corpus), {"steady_after": 2, "eval_every": 0, "eval_batches": 2,
+    ref = base_config("debug", 12, str(small_corpus), {"steady_after": 2, "eval_every": 0, "eval_batches": 2,
                                                       "batch_size": 8, "parallel.data_parallel": 2,
                                                       "parallel.comm_profile_steps": 0})
     cand = with_changes(ref, {"parallel.comm_fusion": "size"})

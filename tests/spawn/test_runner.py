@@ -18,7 +18,7 @@ from tests.conftest import REPO, FakeBar
 
 
 def _tiny(corpus, steps: int = 6):
-    return base_config("tiny", steps, str(corpus), {"steady_after": 2, "eval_every": 0, "eval_batches": 2,
+    return base_config("debug", steps, str(corpus), {"steady_after": 2, "eval_every": 0, "eval_batches": 2,
                                                     "threads": 1})
 
 

@@ -1,4 +1,4 @@
-"""A speed round's two arm processes taking turns (helpers/spawn/stepped.py): real arm processes of the tiny preset,
+"""A speed round's two arm processes taking turns (helpers/spawn/stepped.py): real arm processes of the debug preset,
 woven step by step in ABBA pairs, each completing its own record; an arm that cannot be built ends the round."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ PLAN = SpeedPlan(block_steps=2, looks=(2, 3), alphas=(0.005, 0.005), interleave=
 def _tiny(corpus, **changes):
     # the warm-up is steady_after = 6 steps; 10 steps then end the record inside the second pair, so the third
     # pair's steps are measurement-only
-    return base_config("tiny", 10, str(corpus), {"steady_after": 6, "eval_every": 0, "eval_batches": 2,
+    return base_config("debug", 10, str(corpus), {"steady_after": 6, "eval_every": 0, "eval_batches": 2,
                                                  "threads": 1, **changes})
 
 
@@ -33,7 +33,7 @@ def test_the_warm_up_covers_steady_after_and_the_profiler_window(small_corpus):
 
 @pytest.mark.slow
 def test_two_arm_processes_take_turns_step_by_step_and_complete_their_records(tmp_path, small_corpus):
-    ref, cand = _tiny(small_corpus), _tiny(small_corpus, **{"model.n_layer": 1})
+    ref, cand = _tiny(small_corpus), _tiny(small_corpus, **{"model.n_layer": 2})
     looked = []
 
     def stop(m: Measurement) -> bool:
@@ -49,7 +49,7 @@ def test_two_arm_processes_take_turns_step_by_step_and_complete_their_records(tm
     assert all(len(out["warmup_ms"][arm]) == 6 for arm in ("reference", "candidate"))
     assert json.loads((tmp_path / "round" / PAIRED_FILE).read_text())["pairs"] == [
         [list(r), list(c)] for r, c in out["pairs"]]
-    for record, layers in ((reference, 2), (candidate, 1)):
+    for record, layers in ((reference, 1), (candidate, 2)):
         assert record.status == "ok" and len(record.metrics) == 10  # its own steps, not the measurement-only ones
         # each keeps the compile cache: the measurement-only steps are outside the graph, the arms' graphs differ
         assert record.config.model.n_layer == layers and record.config.compile_cache is True

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def _cfg(corpus):
-    return base_config("tiny", 6, str(corpus), {"steady_after": 2})
+    return base_config("debug", 6, str(corpus), {"steady_after": 2})
 
 
 def _zygote_pid() -> int:
@@ -87,7 +87,7 @@ def test_a_shared_zygote_serves_every_caller_until_an_import_variable_differs(tm
         first.close()
         shutil.copy(Path(__file__).parent.parent / "user_net.py", tmp_path / "user_net_shared.py")
         monkeypatch.chdir(tmp_path)  # the caller's folder: on its PYTHONPATH, not on the zygote's
-        cfg = base_config("tiny", 6, str(small_corpus), {"steady_after": 2, "model.build": "user_net_shared:build"})
+        cfg = base_config("debug", 6, str(small_corpus), {"steady_after": 2, "model.build": "user_net_shared:build"})
         record = launch(cfg, tmp_path / "b", progress=False)
         assert record.status == "ok" and record.summary["process_start"] == "forked"
         assert zygote._current.proc is None and zygote._current.pid == first.pid

@@ -19,7 +19,7 @@ VERDICTS = {"data-bound", "compute-bound", "communication-bound", "memory-bound"
 def naive_tiny(corpus: Path, steps: int = 8):
     # Eager PyNative at batch 2 with one data worker: the naive start the tuner must improve on.
     # threads=1: on the shared 2-core machine one op thread keeps run-to-run spread low (see test_rounds).
-    return from_dict({"model": {"preset": "tiny"}, "data": {"corpus": [str(corpus)], "num_parallel_workers": 1},
+    return from_dict({"model": {"preset": "debug"}, "data": {"corpus": [str(corpus)], "num_parallel_workers": 1},
                       "batch_size": 2, "mode": "pynative", "jit_level": "none", "steps": steps, "warmup": 2,
                       "eval_every": 0, "eval_batches": 2, "steady_after": 3, "threads": 1})
 

@@ -74,7 +74,7 @@ def test_convergence_decision_against_the_band(cand, decision):
 
 
 def test_bad_objective_or_seeds_refused_and_speed_round_on_lr_warns(tmp_path):
-    wb = Workbook.create(tmp_path / "wb", from_dict({"model": {"preset": "tiny"}, "steps": 10}), repeats=2)
+    wb = Workbook.create(tmp_path / "wb", from_dict({"model": {"preset": "debug"}, "steps": 10}), repeats=2)
     with pytest.raises(RoundError, match="objective='quality' is not allowed; choose one of speed, convergence"):
         wb.run_round("lr", {"lr": 1e-4}, objective="quality")
     with pytest.raises(RoundError, match="seeds=1 cannot measure seed-to-seed spread"):
@@ -92,7 +92,7 @@ def tiny_config(corpus: Path):
     # grad_norm_limit far below tiny's grad norms, so every run keeps raising the alarm (the warm-up rule);
     # min_lr 0 so an lr round may go below it; eval every 4 steps gives 4 validation points per run;
     # threads=1 for stability under load.
-    return from_dict({"model": {"preset": "tiny"}, "data": {"corpus": [str(corpus)]}, "batch_size": 8,
+    return from_dict({"model": {"preset": "debug"}, "data": {"corpus": [str(corpus)]}, "batch_size": 8,
                       "steps": 16, "warmup": 4, "min_lr": 0.0, "eval_every": 4, "eval_batches": 2,
                       "steady_after": 3, "threads": 1, "monitor": {"grad_norm_limit": 0.01}})
 

@@ -49,7 +49,7 @@ def test_the_tuner_judges_a_larger_global_batch_by_time_to_target():
 
 @pytest.mark.slow
 def test_a_batch_round_by_time_to_target_scales_lr_and_says_which_rule(tmp_path, small_corpus):
-    cfg = from_dict({"model": {"preset": "tiny"}, "data": {"corpus": [str(small_corpus)]}, "batch_size": 4,
+    cfg = from_dict({"model": {"preset": "debug"}, "data": {"corpus": [str(small_corpus)]}, "batch_size": 4,
                      "steps": 40, "warmup": 4, "eval_every": 8, "eval_batches": 2, "steady_after": 3, "threads": 1})
     wb = Workbook.create(tmp_path / "wb", cfg)
     wb.baseline(progress=False)

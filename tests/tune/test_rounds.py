@@ -26,7 +26,7 @@ def tiny_config(corpus: Path):
     # threads=1: on the shared 2-core machine two op threads stall on each other when one is descheduled;
     # measured under load, the run-to-run spread of log tokens/s was 0.26 with 2 threads and 0.09 with one,
     # at the same speed for the tiny preset.
-    return from_dict({"model": {"preset": "tiny"}, "data": {"corpus": [str(corpus)]}, "batch_size": 8,
+    return from_dict({"model": {"preset": "debug"}, "data": {"corpus": [str(corpus)]}, "batch_size": 8,
                       "steps": 12, "warmup": 0, "max_grad_norm": 0, "eval_every": 0, "eval_batches": 2,
                       "steady_after": 3, "threads": 1})
 

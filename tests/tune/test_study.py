@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_warm_run_loads_the_cold_runs_graphs_and_a_changed_graph_does_not(tmp_path, small_corpus, capsys):
-    cfg = base_config("tiny", 12, str(small_corpus))
+    cfg = base_config("debug", 12, str(small_corpus))
     runs = compile_cache_runs(cfg, tmp_path, progress=False, steps=8)
     (cold,), (warm,) = runs["cold cache"], runs["warm cache"]
     assert cold.status == warm.status == "ok"
@@ -35,7 +35,7 @@ def test_warm_run_loads_the_cold_runs_graphs_and_a_changed_graph_does_not(tmp_pa
 def test_a_sweep_run_twice_reuses_its_run_and_moves_a_changed_one_aside(tmp_path, small_corpus, capsys):
     """Issue 30: a sweep trains into fixed folders; run again it reuses a finished run of the same config, and a
     run of another config moves the earlier one aside whole. A printed line says which."""
-    cfg = base_config("tiny", 8, str(small_corpus))
+    cfg = base_config("debug", 8, str(small_corpus))
     ((_, first),) = sweep(cfg, "batch_size", [4], tmp_path, progress=False)
     folder, before = first.path, snapshot(first.path)
     capsys.readouterr()

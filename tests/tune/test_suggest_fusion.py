@@ -55,7 +55,7 @@ def test_memorised_text_flattens_effective_throughput_into_a_batch_round(tmp_pat
 
 def test_op_table_shift_shows_strided_slices_vanish(tmp_path, small_corpus):
     """fused_slice → fused on two real profiled runs: the op-table shift the fusion notebook shows per round."""
-    runs = {qkv: profile_run(fusion_base("tiny", 14, str(small_corpus), qkv), tmp_path / qkv, window=6,
+    runs = {qkv: profile_run(fusion_base("debug", 14, str(small_corpus), qkv), tmp_path / qkv, window=6,
                              progress=False) for qkv in ("fused_slice", "fused")}
     shift = op_table_shift([runs["fused_slice"]], [runs["fused"]]).set_index("op")
     assert shift.loc["StridedSlice", "flag"] == "vanished" and shift.loc["StridedSlice", "ms/step after"] == 0

@@ -126,7 +126,7 @@ def test_bad_time_to_target_input_fails_in_one_line_before_training(tmp_path):
 
 
 def tiny(corpus: Path, **changes) -> dict:
-    return {"model": {"preset": "tiny"}, "data": {"corpus": [str(corpus)]}, "batch_size": 8, "steps": 120,
+    return {"model": {"preset": "debug"}, "data": {"corpus": [str(corpus)]}, "batch_size": 8, "steps": 120,
             "warmup": 10, "eval_every": 10, "eval_batches": 2, "steady_after": 3, "threads": 1, **changes}
 
 
@@ -255,7 +255,7 @@ def test_the_speed_record_levers_are_tuner_arms_each_one_declared_group(small_co
     for arm in arms:  # each is a valid time-to-target round on the best, refused nowhere on this CPU
         cand, moved = candidate(cfg, arm.name, arm.changes, "time_to_target")
         assert set(moved) == set(arm.changes) and arm.why
-    with_rope = from_dict(tiny(small_corpus, **{"model": {"preset": "tiny", "positions": "rope"}}))
+    with_rope = from_dict(tiny(small_corpus, **{"model": {"preset": "debug", "positions": "rope"}}))
     assert "positions_rope" not in [a.name for a in lever_arms(with_rope)]  # already in the best: not an arm
 
 
