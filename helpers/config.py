@@ -548,6 +548,32 @@ def from_dict(data: dict | None, overrides: dict[str, Any] | list[str] | None = 
     return validate(_build(Config, data))
 
 
+# Keys added with a default that changed what runs: a full config written before the key existed (a record, a
+# workbook's marker, a rollback point) ran as this value, not as today's default.
+WRITTEN_BEFORE = {"model.lazy_inline": False}
+
+
+def as_written(data: dict) -> Config:
+    """The Config a record or workbook wrote (a full dump, `dump`): a WRITTEN_BEFORE key it lacks takes the value
+    the code of its day ran, so an old record still says what it trained."""
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in (data or {}).items()}
+    for key, value in WRITTEN_BEFORE.items():
+        section, name = key.split(".")
+        data.setdefault(section, {}).setdefault(name, value)
+    return from_dict(data)
+
+
+def load_written(path: str | os.PathLike) -> Config:
+    """`as_written` of a config.yaml a record or rollback point wrote; ConfigError (one line) if it cannot be read."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not valid YAML"
+        raise ConfigError(f"{str(path)!r} cannot be read ({why}); it belongs to a run record or rollback point: "
+                          f"restore it, or run again into a new folder") from None
+    return as_written(data)
+
+
 def load_config(path: str | os.PathLike | None = None,
                 overrides: dict[str, Any] | list[str] | None = None) -> Config:
     """Read a YAML config (or defaults when path is None) and apply `key=value` overrides."""

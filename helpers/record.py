@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from helpers.config import Config, from_dict
+from helpers.config import Config, load_written
 
 CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, ENV_FILE = "config.yaml", "metrics.csv", "summary.json", "env.json"
 
@@ -245,7 +245,7 @@ def load_run(run_dir: str | os.PathLike) -> RunRecord:
         raise RecordError(f"{str(path)!r} is not a run record (missing {', '.join(missing)}); "
                           f"pass the --out folder of a training run")
     try:
-        config = from_dict(yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8")))
+        config = load_written(path / CONFIG_FILE)
         summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
         env = json.loads((path / ENV_FILE).read_text(encoding="utf-8")) if (path / ENV_FILE).is_file() else {}
     except (ValueError, yaml.YAMLError) as exc:

@@ -77,6 +77,7 @@ def test_a_record_written_at_7c15080_still_loads_and_shows():
     assert record.status == "ok" and record.summary["steps"] == 12 and len(record.metrics) == 12
     assert record.summary["record_version"] == RECORD_VERSION and record.summary["upgraded_from"] == 1
     assert record.config.model.preset == "tiny" and record.metrics[-1]["val_loss"] is not None
+    assert record.config.model.lazy_inline is False  # it ran before the key existed (config.WRITTEN_BEFORE)
     table = show_table(record)
     assert "12,747" in table and "tiny" not in table  # tokens/s as written then; the table shows the summary
     proc = run_cli("show", str(old))

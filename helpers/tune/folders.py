@@ -83,7 +83,7 @@ def read_marker(path: Path) -> tuple[dict, Config]:
         marker = json.loads((path / MARKER).read_text(encoding="utf-8"))
         if marker.get("format") != FORMAT:
             raise ValueError(f"format {marker.get('format')!r}")
-        cfg = config_mod.from_dict(marker["baseline_config"])
+        cfg = config_mod.as_written(marker["baseline_config"])
         settings = {k: marker[k] for k in SETTINGS}
     except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
         raise RoundError(f"{str(path / MARKER)!r} is unreadable ({str(exc).splitlines()[0]}); it was not "

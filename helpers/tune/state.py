@@ -101,7 +101,7 @@ class State:
         if index == 0:
             return self.baseline_config, self.baseline_paths()
         entry = self.round_entries()[index]
-        cfg = config_mod.load_config(self.path / entry["rollback"] / "config.yaml")
+        cfg = config_mod.load_written(self.path / entry["rollback"] / "config.yaml")
         return cfg, [self.path / p for p in entry["candidate_runs"]]
 
     def best(self) -> tuple[Config, list[Path]]:
