@@ -278,7 +278,11 @@ class RecordWriter:
             raise RecordError(f"run directory {str(self.path)!r} is not writable; choose a writable --out folder")
 
     def start(self, cfg_yaml: str, env: dict, summary: dict) -> None:
-        """Write config, env and a 'running' summary; an earlier attempt's summary moves to history/."""
+        """Write config, env and a 'running' summary; an earlier attempt's summary moves to history/, and the temp
+        files of its writes that a kill cut short (`atomic_write_bytes`) are removed."""
+        for name in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, ENV_FILE):
+            for part in self.path.glob(f".{name}.*.tmp"):
+                part.unlink(missing_ok=True)
         old = self.path / SUMMARY_FILE
         if old.is_file():
             history = self.path / "history"

@@ -31,12 +31,13 @@ def test_kill_9_mid_run_leaves_readable_record_and_resume_continues(tmp_path, sm
     record = load_run(run)
     assert record.status == "interrupted" and "helpers resume" in record.summary["status_reason"]
     assert record.metrics and [r["step"] for r in record.metrics] == list(range(1, len(record.metrics) + 1))
-    assert not list(run.glob(".*.tmp"))  # records are written whole or not at all
+    # records are written whole or not at all (loaded above); a kill inside a write may leave its temp file
     # a kill inside a checkpoint write may leave its partial file; it is never taken for a checkpoint
     assert all(p.name.startswith("step_") for p in record.checkpoints())
     last_ckpt = int(record.checkpoints()[-1].stem.split("_")[1])
 
     (run / "checkpoints" / f".tmp_step_{last_ckpt + 10:06d}.tmp").write_bytes(b"partial")  # as a kill mid-write
+    (run / ".metrics.csv.k1ll3d.tmp").write_text("step,partial")  # as a kill inside a record's write
 
     proc = run_cli("resume", str(run), "--steps", str(last_ckpt + 5), "--progress", "none")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -44,7 +45,8 @@ def test_kill_9_mid_run_leaves_readable_record_and_resume_continues(tmp_path, sm
     assert resumed.status == "ok" and resumed.summary["resumed_from"].endswith(f"step_{last_ckpt:06d}.ckpt")
     assert [r["step"] for r in resumed.metrics] == list(range(1, last_ckpt + 6))
     assert list((run / "history").glob("summary_*.json"))  # the interrupted attempt's summary is kept
-    assert not list((run / "checkpoints").glob(".tmp*"))  # resume swept the killed attempt's partial write
+    assert not list((run / "checkpoints").glob(".tmp*"))  # resume swept the killed attempt's partial writes
+    assert not list(run.glob(".*.tmp"))
 
 
 def test_unusable_output_folder_is_one_line_error(tmp_path, small_corpus):
