@@ -20,7 +20,6 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
-from helpers.config import with_changes  # noqa: E402
 from helpers.record import atomic_write_json  # noqa: E402
 from helpers.spawn.runner import launch  # noqa: E402
 from helpers.spawn.stepped import launch_stepped  # noqa: E402
