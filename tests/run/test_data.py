@@ -283,8 +283,8 @@ def test_a_closed_gate_holds_the_pipeline_and_stops_its_storage_clock():
     reader.start()
     time.sleep(0.1)
     assert not got  # closed: nothing read, however long the wait
+    t0 = time.monotonic()  # before the open: the wall from here holds all the open time and the 150 ms closed
     gate.open()
-    t0 = time.monotonic()
     time.sleep(0.02)
     gate.close()  # 20 ms of the 50 ms latency served, then closed for 150 ms
     time.sleep(0.15)
