@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from helpers.config import Config, comm_profiled, load_config
 from helpers.run.metrics import peak_rss_bytes
@@ -113,6 +115,55 @@ def pair_main(request: Path, rank: int, size: int) -> int:
     return 0 if out["status"] != "failed" else 1
 
 
+def serve_cluster(workers: int, serve: Callable[[], None] | None = None, poll_s: float = 0.1) -> int:
+    """msrun's scheduler: serve the cluster until its `workers` finish; the exit code msrun reads.
+
+    MindSpore's scheduler looks for its nodes' exit every 5 s (ClusterContext::Finalize sleeps 5 s between tries)
+    and holds the GIL meanwhile, which kept msrun waiting up to 5 s after the last worker had exited. So a child
+    process serves the cluster, and this one ends it as soon as `workers` workers of this host were seen and none
+    is left running (each unregisters from the scheduler before it exits: nothing is left to serve). On more than
+    one host some workers run elsewhere, never seen here, and MindSpore's own wait ends the child. serve: what the
+    child runs (MindSpore's init(), which serves the cluster and exits the process when it ends)."""
+    if serve is None:
+        from mindspore.communication import init as serve
+    child = os.fork()
+    if child == 0:
+        try:
+            serve()
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    seen: set[int] = set()
+    while True:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        running = _sibling_workers()
+        seen |= running
+        if len(seen) >= workers > 0 and not running:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            return 0
+        time.sleep(poll_s)
+
+
+def _sibling_workers() -> set[int]:
+    """PIDs of the live processes of this script that the same msrun started (its workers), zombies left out."""
+    parent, found = os.getppid(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == parent and state != "Z" and Path(__file__).name.encode() in cmdline:
+            found.add(int(entry))
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train one rank (or, with --pair, both arms of a paired round); exit 0 ok, 3 stopped (nan), 1 failed."""
     args = argparse.ArgumentParser()
@@ -121,9 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args.add_argument("--pair", help="a paired round's request (JSON: reference, candidate, folder, plan)")
     ns = args.parse_args(argv)
     if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun runs this script as its scheduler too
-        from mindspore.communication import init
-        init()  # serves the cluster until the workers finish
-        return 0
+        return serve_cluster(int(os.environ.get("MS_WORKER_NUM", "0")))
     rank, size = int(os.environ["RANK_ID"]), int(os.environ["RANK_SIZE"])  # set by msrun
     if ns.pair:
         return pair_main(Path(ns.pair), rank, size)

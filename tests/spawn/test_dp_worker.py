@@ -42,3 +42,41 @@ def test_no_profiler_window_no_collective_time(tmp_path, small_corpus):
     assert cfg.monitor.profile_steps == 0 and profiled_comm(tmp_path, cfg) is None
     profiled = base_config("debug", 30, str(small_corpus), {"monitor.profile_steps": 4})
     assert profiled_comm(tmp_path, profiled) is None  # a window that never closed left no profile to read
+
+
+# As msrun starts them: a scheduler and two workers (each a process whose command line names dp_worker.py), all
+# children of one launcher; the launcher prints how the scheduler ended and when, after the last worker exited.
+_LAUNCHER = """
+import subprocess, sys, time
+SCHED = ("import sys, time; from helpers.spawn.dp_worker import serve_cluster; "
+         "sys.exit(serve_cluster(2, serve=lambda: {serve}))")
+sched = subprocess.Popen([sys.executable, "-c", SCHED])
+time.sleep(0.5)
+workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)", "dp_worker.py"]) for _ in range(2)]
+codes = [w.wait() for w in workers]
+gone = time.monotonic()
+print(sched.wait(timeout=60), round(time.monotonic() - gone, 2), codes)
+"""
+
+
+def _launch(serve: str) -> tuple[int, float]:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    out = subprocess.run([sys.executable, "-c", _LAUNCHER.replace("{serve}", serve)], capture_output=True, text=True,
+                         timeout=90, cwd=REPO, check=True).stdout.split()
+    return int(out[0]), float(out[1])
+
+
+def test_the_scheduler_ends_as_soon_as_its_workers_have_exited():
+    # MindSpore's scheduler waits up to 5 s more (here: for ever, a sleep of a minute)
+    code, after_s = _launch("time.sleep(60)")
+    assert code == 0 and after_s < 2.0, (code, after_s)
+
+
+def test_a_scheduler_that_ends_first_passes_its_exit_code_on():
+    code, after_s = _launch("sys.exit(3)")  # fails at once, before the workers end
+    assert code == 1  # the serving child failed: msrun reads a failed scheduler
+    code, _ = _launch("None")  # served and returned (MindSpore's init exits the process itself)
+    assert code == 0
