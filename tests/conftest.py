@@ -177,8 +177,10 @@ def _run_notebooks(books: Path, wanted) -> dict[str, str]:
             for i, path in enumerate(paths):
                 declared = notebook_parameters(path)
                 # tiny sizes: the one-block preset, seeds too (notebook 14 trains 3 a round by default, ~20 s more
-                # here for no new check)
-                small = {"preset": "debug", "autotune_preset": "debug", "steps": 12, "seeds": 2}
+                # here for no new check), and a tuner's budget (notebook 11 spends all of its 24 s default; its
+                # rounds are tests/tune/test_autotune.py's; 14's default 0 runs no tuner and stays 0)
+                small = {"preset": "debug", "autotune_preset": "debug", "steps": 12, "seeds": 2,
+                         "autotune_budget_min": min(0.15, declared.get("autotune_budget_min", 0.0))}
                 params = {k: v for k, v in small.items() if k in declared}
                 km, ready = ready, (start_kernel("python3", books) if i + 1 < len(paths) else None)
                 close_warm(km)
