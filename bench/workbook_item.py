@@ -20,8 +20,13 @@ WORKBOOK_LIMIT_S = 360  # `make workbook` wall seconds (issue 12: ≤ 6 min)
 TCP_WARNING = "Kernel is running over TCP without encryption"  # ipykernel's warning when a kernel's transport is tcp
 
 
+NB10_RUNS = REPO / "runs" / "10_data_parallel"  # notebook 10's fixed folder: a later job reuses runs of its config
+
+
 def item_workbook() -> dict:
-    """Run `make workbook` once and keep what it printed about each notebook."""
+    """Run `make workbook` once and keep what it printed about each notebook, and which of notebook 10's runs were
+    there before it (a fresh clone has none; with them notebook 10 trains only what changed)."""
+    reused = sorted(str(p.parent.relative_to(NB10_RUNS)) for p in NB10_RUNS.glob("*/summary.json"))
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     with LoadSampler() as load:
@@ -32,7 +37,7 @@ def item_workbook() -> dict:
         parts = line.split()
         if len(parts) >= 4 and parts[0][:2].isdigit() and parts[3] == "s":
             notebooks[parts[0]] = {"status": parts[1], "seconds": float(parts[2])}
-    return {"wall_s": wall, "returncode": proc.returncode, "notebooks": notebooks,
+    return {"wall_s": wall, "returncode": proc.returncode, "notebooks": notebooks, "nb10_runs_before": reused,
             "load_1min": {**load.summary(), "before": load_before, "values": load.values},
             "tcp_warnings": (proc.stdout + proc.stderr).count(TCP_WARNING), "stderr_tail": proc.stderr[-2000:],
             "rounds": _rounds(REPO / "reports" / "latest" / "workbook"),
@@ -88,7 +93,9 @@ def rows(r: dict) -> list[tuple[str, str]]:
              f" of {len(r['notebooks'])} notebooks ok; slowest: "
              + ", ".join(f"{name} {n['seconds']:.0f} s" for name, n in slowest)
              + (f"; machine speed: notebook 01's baseline step {speed['baseline_step_ms']:.1f} ms"
-                if speed.get("baseline_step_ms") else ""))]
+                if speed.get("baseline_step_ms") else "")
+             + ("; notebook 10 found " + ", ".join(r["nb10_runs_before"]) + " from an earlier job"
+                if r.get("nb10_runs_before") else ""))]
 
 
 def _within_limit(r: dict) -> Judgement:
