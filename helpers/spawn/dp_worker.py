@@ -126,9 +126,11 @@ def serve_cluster(workers: int, serve: Callable[[], None] | None = None, poll_s:
     child runs (MindSpore's init(), which serves the cluster and exits the process when it ends)."""
     if serve is None:
         from mindspore.communication import init as serve
+    parent = os.getpid()
     child = os.fork()
     if child == 0:
         try:
+            _die_with(parent)  # msrun kills the process it started (Ctrl+C): the cluster's server must go too
             serve()
         except BaseException:
             os._exit(1)
@@ -145,6 +147,14 @@ def serve_cluster(workers: int, serve: Callable[[], None] | None = None, poll_s:
             os.waitpid(child, 0)
             return 0
         time.sleep(poll_s)
+
+
+def _die_with(parent: int) -> None:
+    """This process gets SIGKILL when `parent` exits (Linux PR_SET_PDEATHSIG); if it has exited already, exits."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _sibling_workers() -> set[int]:

@@ -4,6 +4,8 @@ The worker's processes are msrun's: a whole 2-rank run is tests/spawn/test_paral
 tests/spawn/test_paired.py."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from helpers.run.data import DataGate
 from helpers.run.train import Phase, Turns
 from helpers.spawn.dp_worker import (join_process_group, profiled_comm, rank_dir, rank_trainer, set_fusion,
@@ -80,3 +82,23 @@ def test_a_scheduler_that_ends_first_passes_its_exit_code_on():
     assert code == 1  # the serving child failed: msrun reads a failed scheduler
     code, _ = _launch("None")  # served and returned (MindSpore's init exits the process itself)
     assert code == 0
+
+
+def test_the_cluster_server_dies_with_the_scheduler_msrun_kills():
+    """msrun kills its scheduler on Ctrl+C; the child serving the cluster (and holding its port) goes with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, wait_for
+    sched = subprocess.Popen([sys.executable, "-c", "import time; from helpers.spawn.dp_worker import serve_cluster; "
+                                                    "serve_cluster(2, serve=lambda: time.sleep(60))"], cwd=REPO)
+    children = Path(f"/proc/{sched.pid}/task/{sched.pid}/children")
+    assert wait_for(lambda: children.read_text().split(), 30)
+    server = int(children.read_text().split()[0])
+    os.kill(sched.pid, signal.SIGKILL)
+    sched.wait()
+    assert wait_for(lambda: not Path(f"/proc/{server}").exists() or
+                    Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 5), \
+        "the serving child outlived its scheduler"
