@@ -53,8 +53,15 @@ import subprocess, sys, time
 SCHED = ("import sys, time; from helpers.spawn.dp_worker import serve_cluster; "
          "sys.exit(serve_cluster(2, serve=lambda: {serve}))")
 sched = subprocess.Popen([sys.executable, "-c", SCHED])
-time.sleep(0.5)
-workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)", "dp_worker.py"]) for _ in range(2)]
+def forked():
+    try:
+        return open("/proc/%d/task/%d/children" % (sched.pid, sched.pid)).read().split()
+    except OSError:  # it has ended
+        return True
+deadline = time.monotonic() + 60
+while sched.poll() is None and not forked() and time.monotonic() < deadline:
+    time.sleep(0.05)  # its imports (a loaded machine: seconds) done, it forked its server and watches
+workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.0)", "dp_worker.py"]) for _ in range(2)]
 codes = [w.wait() for w in workers]
 gone = time.monotonic()
 print(sched.wait(timeout=60), round(time.monotonic() - gone, 2), codes)
