@@ -1,6 +1,6 @@
 """What is checked in a config before anything is written or MindSpore is imported (the CLI's fast path, and
-`launch` before it starts a process): the paths it reads exist, the modules it names can be found, and its
-arrays can fit in memory (`footprint`). Each failure is one ConfigError line.
+`launch` before it starts a process): the paths it reads exist, the modules it names can be found, the native
+kernels it asks for are built, and its arrays can fit in memory (`footprint`). Each failure is one ConfigError line.
 """
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from helpers.config import Config, ConfigError
 from helpers.run.footprint import check_fits
+from helpers.run.kernels import resolve_kernels
 
 
 def check_paths(cfg: Config) -> None:
@@ -41,10 +42,17 @@ def check_modules(cfg: Config) -> None:
                               f"(or in the working folder) and defines {function}")
 
 
+def check_kernels(cfg: Config) -> None:
+    """model.kernels=native needs the native library built from the current sources (`make kernels`): without it
+    the run would fail in its process, after MindSpore's import and the model's build."""
+    resolve_kernels(cfg)
+
+
 def preflight(cfg: Config, modules: bool = True) -> None:
     """All of the above. modules=False where the process that trains has another Python path (`launch`'s child
     adds the caller's folder to PYTHONPATH and checks them itself)."""
     check_paths(cfg)
     if modules:
         check_modules(cfg)
+    check_kernels(cfg)
     check_fits(cfg)

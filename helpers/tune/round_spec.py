@@ -10,6 +10,7 @@ from typing import Any
 
 from helpers import config as config_mod
 from helpers.config import Config
+from helpers.run.preflight import check_kernels
 from helpers.tune.convergence import CONVERGENCE_VARIABLES, OBJECTIVES, RECIPE, TIME_TO_TARGET, time_to_target, ttq_arms
 from helpers.tune.ledger import RoundError
 from helpers.tune.lr_rule import SCALED, LrScaling, check_rule, moves_global_batch, scale_lr
@@ -73,7 +74,7 @@ def candidate(best: Config, name: str, changes: dict[str, Any],
     """The candidate config of a round on `best` and its {key: (old, new)} changes; refuses bad rounds.
 
     RoundError for a bad name, more than one variable outside a declared group (GROUPS), a fixed key
-    (FIXED) or a value equal to the current one; ConfigError for an invalid value. A time-to-target round
+    (FIXED) or a value equal to the current one; ConfigError for an invalid value or native kernels not built. A time-to-target round
     may change any part of the recipe (RECIPE, `steps` included) together: it compares wall seconds to a
     validation loss, not runs of equal length.
     """
@@ -93,6 +94,7 @@ def candidate(best: Config, name: str, changes: dict[str, Any],
         raise RoundError(f"round {name!r} changes {', '.join(fixed)}; {', '.join(FIXED)} stay fixed so runs "
                          f"compare — create a new workbook to change them")
     cand = config_mod.with_changes(best, changes)
+    check_kernels(cand)  # a machine's build, not a value: refused here, before either arm starts
     moved = config_mod.diff(best, cand)
     same = [k for k in keys if k not in moved]
     if same:

@@ -234,6 +234,12 @@ def test_missing_or_stale_library_is_one_actionable_line(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"native/build/libwbkernels.so is not built; run `make kernels` \(needs g\+\+\)"):
         kernels.resolve_kernels(native)
     assert kernels.resolve_kernels(auto) == "mindspore"
+    # refused before a process starts (launch's preflight) and before a round's arms (its candidate)
+    from helpers.run.preflight import preflight
+    from helpers.tune.round_spec import candidate
+    for refuse in (lambda: preflight(native), lambda: candidate(auto, "native", {"model.kernels": "native"})):
+        with pytest.raises(ConfigError, match=r"^model.kernels=native: the native kernel library .* is not built"):
+            refuse()
     kernels.LIBRARY.write_bytes(b"not loaded: resolve_kernels only checks presence and the recorded hash")
     kernels.SOURCES_HASH.write_text(kernels.sources_digest() + "  -\n")
     assert kernels.resolve_kernels(native) == "native" and kernels.resolve_kernels(auto) == "native"
