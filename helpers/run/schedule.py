@@ -42,19 +42,19 @@ class LearningRates:
 
     def __init__(self, cfg: Config, optimizer):
         self.cfg = cfg
-        # (Parameter, its peak, the value it holds): Parameter.name costs a lookup in MindSpore, which at every
-        # step was ~0.5 ms of a 10 ms tiny step
-        self.params = [[p, getattr(cfg, LR_PARAMETERS[p.name]) if LR_PARAMETERS[p.name] else None, None]
+        self.params = [(p, getattr(cfg, LR_PARAMETERS[p.name]) if LR_PARAMETERS[p.name] else None)
                        for p in optimizer.get_parameters() if p.name in LR_PARAMETERS]
+        # the value each holds, by position: Parameter.name costs a lookup in MindSpore, which at every step was
+        # ~0.5 ms of a 10 ms tiny step
+        self.held: list[float | None] = [None] * len(self.params)
 
     def set(self, step: int, scale: float = 1.0) -> None:
         """Each LR Parameter to its value at 1-based `step`, times `scale`."""
         from mindspore import Tensor, float32
-        for entry in self.params:
-            param, peak, held = entry
+        for i, (param, peak) in enumerate(self.params):
             value = lr_at(self.cfg, step, peak) * scale
-            if held != value:
+            if self.held[i] != value:
                 # in place: set_data rebinds the Parameter, and a PyNative jit graph (AdamWeightDecay's construct)
                 # then goes on reading the old memory (measured: its LR never changed)
                 param.copy_(Tensor(value, float32))
-                entry[2] = value
+                self.held[i] = value

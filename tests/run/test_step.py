@@ -32,7 +32,7 @@ def test_the_host_sets_each_steps_lr_into_one_scalar_parameter_that_the_compiled
     opt = make_optimizer(net, lr_at(cfg, 1), 0.0, [0.9, 0.99], 1e-8)
     step = Stepper(LossNet(net, 50), opt, 0.0, "none", 1.0, 1000, 1).train_step
     lrs = LearningRates(cfg, opt)
-    (param, _, _), = lrs.params
+    (param, _), = lrs.params
     data = np.random.default_rng(0).integers(0, 50, (2, 33)).astype(np.int32)
     x, y = ms.Tensor(data[:, :-1]), ms.Tensor(data[:, 1:])
     weight = net.trainable_params()[0]
