@@ -13,6 +13,7 @@ from pathlib import Path
 from provenance import LoadSampler
 from registry import MET, MISSED, MUST, NOT_MEASURED, Check, Item, Judgement, at_most
 
+from helpers.book.notebooks import NOTEBOOKS_DIR, notebook_parameters
 from helpers.tune.rounds import Workbook
 
 REPO = Path(__file__).resolve().parent.parent
@@ -20,13 +21,12 @@ WORKBOOK_LIMIT_S = 360  # `make workbook` wall seconds (issue 12: ≤ 6 min)
 TCP_WARNING = "Kernel is running over TCP without encryption"  # ipykernel's warning when a kernel's transport is tcp
 
 
-NB10_RUNS = REPO / "runs" / "10_data_parallel"  # notebook 10's fixed folder: a later job reuses runs of its config
-
-
 def item_workbook() -> dict:
     """Run `make workbook` once and keep what it printed about each notebook, and which of notebook 10's runs were
     there before it (a fresh clone has none; with them notebook 10 trains only what changed)."""
-    reused = sorted(str(p.parent.relative_to(NB10_RUNS)) for p in NB10_RUNS.glob("*/summary.json"))
+    nb10 = NOTEBOOKS_DIR / "10_data_parallel.ipynb"  # its runs_dir: a fixed folder a later job reuses runs from
+    runs = (nb10.parent / notebook_parameters(nb10)["runs_dir"]).resolve()
+    reused = sorted(str(p.parent.relative_to(runs)) for p in runs.glob("*/summary.json"))
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     with LoadSampler() as load:
