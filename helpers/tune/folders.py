@@ -29,8 +29,9 @@ ADOPTABLE = ("seed", "target_val_loss", "max_time_s", "monitor.profile_steps", "
 def checked_settings(cfg: Config, repeats: int, loss_gate: float, memory_limit_bytes: int | None) -> dict:
     """The settings of a new workbook (SETTINGS), each checked (RoundError, one line); memory_limit_bytes None:
     90% of RAM on CPU, of the device's memory on GPU/Ascend."""
-    if not isinstance(repeats, int) or repeats < 2:
-        raise RoundError(f"repeats={repeats!r} cannot measure run-to-run noise; use repeats=2 or more")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise RoundError(f"repeats={repeats!r} trains no baseline; use repeats=1 (a pin: one run) or 2 or more "
+                         f"(the runs' spread widens the loss gate)")
     if not 0 < loss_gate < 1:
         raise RoundError(f"loss_gate={loss_gate!r} must be a fraction in (0, 1), e.g. 0.02 for 2%")
     if memory_limit_bytes is None:  # 90% of RAM on CPU, of the device's memory on GPU/Ascend
