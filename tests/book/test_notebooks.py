@@ -322,12 +322,13 @@ def test_bring_your_own_pins_baselines_from_a_recipe_and_from_weights(notebooks_
     root, failures = notebooks_run
     assert "15_bring_your_own" not in failures
     book = root / "workbooks" / "default"
+    pins = notebook_parameters(NOTEBOOKS_DIR / "15_bring_your_own.ipynb")["study_repeats"]  # one run pins each
     recipe = load_runs(book / "studies" / "imported_recipe" / "baseline")
-    assert len(recipe) == 2 and all(r.status == "ok" for r in recipe)
+    assert len(recipe) == pins == 1 and all(r.status == "ok" for r in recipe)
     assert {(r.config.amp_level, r.config.recompute, r.config.model.mlp, r.config.model.norm,
              r.config.model.positions, r.config.model.tie_head) for r in recipe} == {
         ("O2", "blocks", "swiglu", "rmsnorm", "rope", False)}
     source, weights = load_runs(book / "baseline"), load_runs(book / "studies" / "from_weights" / "baseline")
-    assert len(weights) == 2 and all(r.summary["init_from"]["layout"] == "GPT-2" for r in weights)
+    assert len(weights) == pins and all(r.summary["init_from"]["layout"] == "GPT-2" for r in weights)
     assert (book / "studies" / "hf_weights" / "model.safetensors").is_file()
     assert max(r.summary["loss_first"] for r in weights) < min(r.summary["loss_first"] for r in source) - 0.3
