@@ -206,7 +206,7 @@ def warm_imports(km):
     listens; `close_warm` closes the client before the notebook runs): silent, so no execution count, history or
     output in the notebook; a failure there is the notebook's own import cell's to report."""
     client = km.client()
-    client.start_channels()
+    client.start_channels(iopub=False, stdin=False, hb=False, control=False)  # sends only: no reader threads
     client.execute(WARM_IMPORTS, silent=True, store_history=False)
     return client
 

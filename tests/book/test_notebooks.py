@@ -151,6 +151,34 @@ def test_workbook_kernels_use_ipc_so_no_tcp_warning_is_printed():
     assert out["default"].count(warning) == 1 and "transport tcp" in out["default"]  # the check sees the warning
 
 
+def test_the_next_kernel_gets_its_imports_without_a_thread_in_the_caller(tmp_path):
+    """`start_kernel` sends the notebooks' common imports to the kernel that will run the next notebook: a client
+    that only sends (a heartbeat thread of it raised "ZMQError: Too many open files" when it was closed at once),
+    whose imports have arrived when the notebook runs."""
+    import threading
+    import time
+    from helpers.book.notebooks import close_warm, execute, start_kernel, stop_kernel
+    wait = ("import sys, time\nfor _ in range(100):\n    if 'helpers.book.report' in sys.modules: break\n"
+            "    time.sleep(0.1)\nprint('warm' if 'helpers.book.report' in sys.modules else 'cold')")
+    _notebook(tmp_path / "probe.ipynb", wait)
+    before = threading.active_count()
+    with kernel_env():
+        km = start_kernel("python3", tmp_path)
+    try:
+        assert km is not None and km.warm_client is not None
+        assert threading.active_count() == before
+        time.sleep(2)  # the notebook before runs meanwhile
+        close_warm(km)
+        with kernel_env():
+            status, error = execute(tmp_path / "probe.ipynb", tmp_path / "out.ipynb", {}, km=km)
+    finally:
+        stop_kernel(km)
+    assert (status, error) == ("ok", "")
+    outputs = [o.get("text", "") for c in nbformat.read(str(tmp_path / "out.ipynb"), as_version=4).cells
+               for o in c.get("outputs", [])]
+    assert outputs == ["warm\n"]
+
+
 def test_a_hung_notebook_is_stopped_at_its_timeout_and_the_run_goes_on(tmp_path):
     import time
 
