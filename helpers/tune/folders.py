@@ -30,8 +30,8 @@ def checked_settings(cfg: Config, repeats: int, loss_gate: float, memory_limit_b
     """The settings of a new workbook (SETTINGS), each checked (RoundError, one line); memory_limit_bytes None:
     90% of RAM on CPU, of the device's memory on GPU/Ascend."""
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise RoundError(f"repeats={repeats!r} trains no baseline; use repeats=1 (a pin: one run) or 2 or more "
-                         f"(the runs' spread widens the loss gate)")
+        raise RoundError(f"repeats={repeats!r} is not a count of baseline runs; use repeats=1 (a pin: one run) or "
+                         f"2 or more (the runs' loss spread widens the loss gate)")
     if not 0 < loss_gate < 1:
         raise RoundError(f"loss_gate={loss_gate!r} must be a fraction in (0, 1), e.g. 0.02 for 2%")
     if memory_limit_bytes is None:  # 90% of RAM on CPU, of the device's memory on GPU/Ascend

@@ -280,7 +280,7 @@ def test_open_and_create_refuse_foreign_folders(book, tmp_path, small_corpus):
     with pytest.raises(RoundError, match="another baseline or settings \\(batch_size: 8 → 16\\)"):
         Workbook.create(wb.path, from_dict({**json.loads((wb.path / "workbook.json").read_text())
                                             ["baseline_config"], "batch_size": 16}))
-    with pytest.raises(RoundError, match="repeats=0 trains no baseline; use repeats=1"):
+    with pytest.raises(RoundError, match="repeats=0 is not a count of baseline runs; use repeats=1"):
         Workbook.create(tmp_path / "new", tiny_config(small_corpus), repeats=0)
     assert Workbook.create(tmp_path / "pin", tiny_config(small_corpus), repeats=1).repeats == 1
 
