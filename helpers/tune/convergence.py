@@ -198,6 +198,9 @@ def ttq_arms(cand: Config, best: Config, target: float | None,
 
 
 def seed_times_text(times: list[float | None]) -> str:
-    """Each seed's seconds to target, "did not reach" where it has none; the mean only when all reached."""
+    """Each seed's seconds to target, "did not reach" where it has none; the mean only when all reached, and only
+    of two or more (one run reads "6.1 s (one run)")."""
     each = ", ".join("did not reach" if t is None else f"{t:.1f} s" for t in times)
-    return f"mean {np.mean(times):.1f} s ({each})" if TimeFigures.reached(times) else f"did not reach ({each})"
+    if not TimeFigures.reached(times):
+        return f"did not reach ({each})"
+    return f"{times[0]:.1f} s (one run)" if len(times) == 1 else f"mean {np.mean(times):.1f} s ({each})"

@@ -12,7 +12,7 @@ from helpers.config import ConfigError, from_dict, load_config, with_changes
 from helpers.record import RunRecord, load_run
 from helpers.paths import REPO_ROOT
 from helpers.tune.autotune import BUDGET_MARGIN, AutotuneError
-from helpers.tune.convergence import RECIPE, seed_band, time_figures, time_to_target
+from helpers.tune.convergence import RECIPE, seed_band, seed_times_text, time_figures, time_to_target
 from helpers.tune.rules import judge_time_to_target
 from helpers.tune.rounds import RoundError, Workbook
 from helpers.tune.ttq_search import (CAP_MARGIN, DEFAULT_OVERHEAD_S, autotune_time_to_target, loss_at_time,
@@ -95,6 +95,13 @@ def test_an_arm_that_did_not_reach_gets_no_time():
     assert judge_time_to_target(short, short, 1000 * MIB, 1.9).decision == "no change"
     over = judge_time_to_target(ref, ref, 400 * MIB, 1.9)  # the memory gate still applies
     assert over.decision == "reject" and "over the memory limit" in over.reason
+
+
+def test_times_text_gives_a_mean_only_of_two_or_more_runs_that_all_reached():
+    assert seed_times_text([6.14]) == "6.1 s (one run)"  # a baseline pinned with one run
+    assert seed_times_text([4.0, 3.6]) == "mean 3.8 s (4.0 s, 3.6 s)"
+    assert seed_times_text([4.0, None]) == "did not reach (4.0 s, did not reach)"
+    assert seed_times_text([None]) == "did not reach (did not reach)"
 
 
 def test_recipe_grid_changes_the_recipe_together():
