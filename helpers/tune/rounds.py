@@ -66,10 +66,8 @@ class Workbook:
     def create(cls, path, cfg: Config, repeats: int = 2, loss_gate: float = 0.02,
                memory_limit_bytes: int | None = None) -> "Workbook":
         """A new workbook pinned to `cfg` (an existing one with the same baseline and settings is opened). repeats:
-        runs of the baseline (2: their loss spread widens the loss gate where it exceeds it, their median is the
-        before/after's baseline; 1: one run pins it, for a study whose rounds judge against the reference they
-        rerun beside the candidate); loss_gate: allowed relative loss drift at equal tokens (0.02);
-        memory_limit_bytes: the peak's limit (default 90% of RAM on CPU, of the device's memory on GPU/Ascend).
+        baseline runs (1 pins it; 2+ widen the loss gate to their loss spread); loss_gate: allowed relative loss
+        drift at equal tokens (0.02); memory_limit_bytes: the peak's limit (default 90% of RAM or device memory).
         Relative paths (`path`, those in `cfg`) mean what they mean in the caller's working directory."""
         path, cfg = absolute(path), config_mod.absolute_paths(cfg)
         settings = checked_settings(cfg, repeats, loss_gate, memory_limit_bytes)
