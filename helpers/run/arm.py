@@ -14,12 +14,12 @@ StepResult until a FinishRequest, which completes (or stops) its record and ends
 from __future__ import annotations
 
 import os
-import signal
 import socket
 from pathlib import Path
 
 from helpers.config import Config
 from helpers.run.data import DataGate
+from helpers.run.lifeline import die_with_parent
 from helpers.run.metrics import rss_bytes
 from helpers.run.train import Trainer, Turns
 from helpers.wire import ArmReady, FinishRequest, StepRequest, StepResult, decode, encode
@@ -28,7 +28,7 @@ from helpers.wire import ArmReady, FinishRequest, StepRequest, StepResult, decod
 def serve(cfg: Config, run_dir: Path, arm: str, address: tuple[str, int], extra_steps: int) -> int:
     """Build `cfg` into the record `run_dir`, then step on request; returns the exit code (0 ok, 1 when the record
     failed)."""
-    _die_with_parent()
+    die_with_parent()  # it freezes this process between steps: a frozen orphan would wait forever
     trainer = Trainer(cfg, run_dir, turns=Turns(DataGate(), extra_steps))
     with socket.create_connection(address) as sock, sock.makefile("rw", encoding="utf-8") as chan:
         def send(message) -> None:
@@ -62,18 +62,6 @@ def _step(trainer: Trainer, message: StepRequest) -> StepResult:
         trainer.evaluate()
     ended = trainer.outcome.status if trainer.outcome is not None else ""
     return StepResult(times, waits, trainer.last_loss, ended, rss_bytes())
-
-
-def _die_with_parent() -> None:
-    """Linux: be killed when the parent goes (it freezes this process between steps, and a frozen orphan would
-    wait forever); its record then reads as interrupted."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent died before the call
-        os._exit(1)
 
 
 def _finish(trainer: Trainer, message: FinishRequest) -> int:

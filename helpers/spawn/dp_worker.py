@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from helpers.config import Config, comm_profiled, load_config
+from helpers.run.lifeline import die_with_parent
 from helpers.run.metrics import peak_rss_bytes
 from helpers.run.profile import comm_per_step, load_profile
 from helpers.record import RecordError, atomic_write_text
@@ -130,7 +131,7 @@ def serve_cluster(workers: int, serve: Callable[[], None] | None = None, poll_s:
     child = os.fork()
     if child == 0:
         try:
-            _die_with(parent)  # msrun kills the process it started (Ctrl+C): the cluster's server must go too
+            die_with_parent(parent)  # msrun kills the process it started (Ctrl+C): the cluster's server must go too
             serve()
         except BaseException:
             os._exit(1)
@@ -147,14 +148,6 @@ def serve_cluster(workers: int, serve: Callable[[], None] | None = None, poll_s:
             os.waitpid(child, 0)
             return 0
         time.sleep(poll_s)
-
-
-def _die_with(parent: int) -> None:
-    """This process gets SIGKILL when `parent` exits (Linux PR_SET_PDEATHSIG); if it has exited already, exits."""
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def _sibling_workers() -> set[int]:
