@@ -74,9 +74,9 @@ def candidate(best: Config, name: str, changes: dict[str, Any],
     """The candidate config of a round on `best` and its {key: (old, new)} changes; refuses bad rounds.
 
     RoundError for a bad name, more than one variable outside a declared group (GROUPS), a fixed key
-    (FIXED) or a value equal to the current one; ConfigError for an invalid value or native kernels not built. A time-to-target round
-    may change any part of the recipe (RECIPE, `steps` included) together: it compares wall seconds to a
-    validation loss, not runs of equal length.
+    (FIXED) or a value equal to the current one; ConfigError for an invalid value or native kernels not built. A
+    time-to-target round may change any part of the recipe (RECIPE, `steps` included) together: it compares wall
+    seconds to a validation loss, not runs of equal length.
     """
     recipe = objective == TIME_TO_TARGET and set(changes) <= set(RECIPE)
     if not isinstance(name, str) or not _NAME.match(name):
