@@ -18,6 +18,7 @@ import numpy as np
 
 from helpers.config import Config, ConfigError, with_changes
 from helpers.record import RecordError, atomic_write_json, atomic_write_text, rows_to_csv
+from helpers.run import parser_processes
 from helpers.run.device_profile import activities, read_op_table
 
 PROFILE_DIR, OP_TABLE, PROFILE_JSON = "profile", "op_table.csv", "profile.json"
@@ -68,6 +69,7 @@ class ProfileWindow:
         self.export_s: float | None = None
         if self.window:
             check_path(run_dir)
+            parser_processes.start()
 
     def before_step(self, step: int) -> None:
         """Start the profiler when `step` is the window's first."""
@@ -84,22 +86,27 @@ class ProfileWindow:
         """Advance the profiler's schedule; after the window's last step it writes its output and stops."""
         if self.prof is None:
             return
-        t0 = time.perf_counter()
-        self.prof.step()
         if step >= self.window[1]:
-            self.prof.stop()
-            self.prof = None
-            self.export_s = time.perf_counter() - t0
+            self._stop()
         else:
+            t0 = time.perf_counter()
+            self.prof.step()
             self.step_call_ms.append((time.perf_counter() - t0) * 1000.0)
 
     def close(self) -> None:
         """Stop a profiler left running by a run that ended inside the window."""
         if self.prof is not None:
-            t0 = time.perf_counter()
+            self._stop(step_first=False)
+
+    def _stop(self, step_first: bool = True) -> None:
+        """Close the schedule (after the window's last step), then write the output; export_s in seconds."""
+        t0 = time.perf_counter()
+        with parser_processes.unforked():
+            if step_first:
+                self.prof.step()
             self.prof.stop()
-            self.prof = None
-            self.export_s = time.perf_counter() - t0
+        self.prof = None
+        self.export_s = time.perf_counter() - t0
 
 
 @dataclass
