@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from helpers import config as config_mod
+from helpers import folder_lock
 from helpers.config import PRESETS, ConfigError, load_config
+from helpers.folder_lock import FolderBusy, LockError
 from helpers.record import RecordError, load_run, memory_label
 from helpers.units import mib_text
 from helpers.run.rows import PROGRESS_KINDS, progress_sink
 
-KNOWN_ERRORS = (ConfigError, RecordError)
+KNOWN_ERRORS = (ConfigError, RecordError, LockError)
 
 
 def one_line(summary: dict, out: str) -> str:
@@ -58,49 +61,86 @@ def cmd_train(args) -> int:
 
 def _before_run(cfg, out, replace: bool) -> None:
     """Before anything is written or MindSpore is imported: the config's paths, modules and memory (`preflight`),
-    then --out, which must not hold another run's record unless --replace moves it aside (`outdir.claim`)."""
-    from helpers.run.outdir import claim
+    then --out: its writer lock, and no other run's record in it unless --replace moves it aside
+    (`outdir.claim_locked`)."""
+    from helpers.run.outdir import claim_locked
     from helpers.run.preflight import preflight
     preflight(cfg)
-    moved = claim(out, cfg, replace)
+    moved = claim_locked(out, cfg, replace)
     if moved:
         print(moved, file=sys.stderr)
 
 
 def cmd_resume(args) -> int:
-    record = load_run(args.run_dir)
-    changes = {"resume_from": str(Path(args.run_dir))}
-    if args.steps:
-        changes["steps"] = args.steps
+    """Continue a run in its own folder: from its newest checkpoint (or --checkpoint), checked whole before anything
+    is written; a run stopped before its first step starts again."""
     from helpers.config import with_changes
-    from helpers.run.checkpoints import check_resumable
+    from helpers.run.checkpoints import check_resumable, checkpoint_files
+    run_dir = Path(args.run_dir)
+    load_run(run_dir)  # a folder that is no run record: one line before the lock makes anything
+    folder_lock.hold(run_dir)
+    record = load_run(run_dir)
+    changes = {"steps": args.steps} if args.steps is not None else {}
+    if args.checkpoint:
+        changes["resume_from"] = str(_own_checkpoint(run_dir, args.checkpoint))
+    elif checkpoint_files(run_dir):
+        changes["resume_from"] = str(run_dir)
+    elif record.metrics:
+        raise RecordError(f"run {str(run_dir)!r} recorded {len(record.metrics)} steps and left no checkpoint to "
+                          f"continue from (checkpoint_every=0 saves only at the end); train it again with --replace, "
+                          f"and set checkpoint_every=N to make a run resumable")
+    else:  # nothing was recorded: the same run from its first step, into its own folder
+        changes["resume_from"] = ""
     cfg = with_changes(record.config, changes)
-    check_resumable(cfg)  # a finished run: one line, exit 2, nothing rewritten
+    check_resumable(cfg)  # a damaged checkpoint or a finished run: one line, exit 2, nothing rewritten
     return _run(cfg, args.run_dir, args.progress)
+
+
+def _own_checkpoint(run_dir: Path, name: str) -> Path:
+    """--checkpoint: one of the run's own checkpoints, by path or file name."""
+    from helpers.run.checkpoints import checkpoint_files
+    own = checkpoint_files(run_dir)
+    wanted = Path(name)
+    match = [p for p in own if p.name == wanted.name and (len(wanted.parts) == 1 or p.resolve() == wanted.resolve())]
+    if not match:
+        names = ", ".join(p.name for p in own) or "none"
+        raise ConfigError(f"--checkpoint {name!r} is not one of the checkpoints of {str(run_dir)!r} (it has: "
+                          f"{names}); pass one of them")
+    return match[0]
 
 
 def _run(cfg, out, progress) -> int:
     if cfg.parallel.data_parallel > 1:
         return _run_msrun(cfg, out, progress)
+    from helpers.run import interrupt
+    interrupt.catch()  # before MindSpore starts a thread: Ctrl-C saves and says so (interrupt.py)
     from helpers.run.train import Trainer
     trainer = Trainer(cfg, out, progress_sink(progress))  # an unusable --out fails here, before any record
     try:
         outcome = trainer.run()
+    except KeyboardInterrupt:
+        print(f"interrupted: {trainer.outcome.reason if trainer.outcome else 'by Ctrl-C'}", file=sys.stderr)
+        return interrupt.EXIT_CODE
     except Exception as exc:
         print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__} "
-              f"({_left_behind(out)})", file=sys.stderr)
+              f"({_left_behind(out, trainer)})", file=sys.stderr)
         return 1
     record = load_run(out)
+    if outcome.status == "interrupted":
+        print(f"interrupted: {record.summary.get('status_reason')}", file=sys.stderr)
+        return interrupt.EXIT_CODE
     print(one_line(record.summary, out))
     return 0 if outcome.status == "ok" else 3
 
 
-def _left_behind(out) -> str:
+def _left_behind(out, trainer) -> str:
     """What a failed run left on disk, for its error line (a full disk may have refused the failed summary)."""
     try:
         status = load_run(out).status
     except RecordError:
         return f"no run record in {out}"
+    if not trainer.writer.started:  # a resume that failed before its first new step
+        return f"the record in {out} is unchanged (status {status}); the attempt is noted in {out}/history/"
     status = "interrupted" if status == "running" else status  # 'running' under our own, still live pid
     ckpts = sorted(Path(out, "checkpoints").glob("step_*.ckpt"))
     resume = f"; after fixing it: python -m helpers resume {out}" if ckpts else ""
@@ -158,6 +198,10 @@ def cmd_workbook(args) -> int:
 
 def cmd_profile(args) -> int:
     from helpers.run.profile import check_path, load_profile
+    for flag, value, least in (("--steps", args.steps, 1), ("--start", args.start, 0), ("--top", args.top, 1)):
+        if value < least:
+            raise ConfigError(f"{flag} {value} is out of range; it must be >= {least}"
+                              + (" (profiled steps)" if flag == "--steps" else ""))
     check_path(args.out)
     cfg = load_config(args.config, args.set)
     cfg = config_mod.with_changes(cfg, {"monitor.profile_steps": args.steps, "monitor.profile_start": args.start})
@@ -176,9 +220,17 @@ def cmd_profile(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
+    """The bottleneck verdict of a run, written into its summary.json unless another process writes the run (then
+    printed only, and said so)."""
     from helpers.tune.diagnose import diagnose, write_bottleneck
     record = load_run(args.run_dir)
     result = diagnose(record)
+    try:
+        folder_lock.hold(args.run_dir)
+    except FolderBusy as busy:
+        print(result.text())
+        print(f"note: not written into its summary.json: {busy}", file=sys.stderr)
+        return 0
     write_bottleneck(record, result)
     print(result.text())
     return 0
@@ -186,6 +238,7 @@ def cmd_diagnose(args) -> int:
 
 def cmd_tensorboard(args) -> int:
     from helpers.book.tensorboard import TensorBoardError, export_tensorboard
+    _claim_output(args.out, args.replace, "a TensorBoard log folder", lambda p: any(p.rglob("events.out.tfevents.*")))
     try:
         written = export_tensorboard(args.sources, args.out)
     except TensorBoardError as exc:
@@ -225,18 +278,59 @@ def cmd_autotune(args) -> int:
 
 def cmd_export(args) -> int:
     """A run's model (its last checkpoint, or a .ckpt) → a Hugging Face GPT-2- or LLaMA-layout folder."""
+    from helpers.run.checkpoints import damage, damaged_line, resume_source
     from helpers.run.hf_weights import export_checkpoint
-    ckpt, written = export_checkpoint(args.source, args.out)
+    try:
+        run_dir, ckpt = resume_source(args.source)
+    except ConfigError:
+        raise ConfigError(f"{args.source!r} holds no checkpoint to export; pass a run folder (every finished run has "
+                          f"one) or one of its checkpoints/step_N.ckpt files") from None
+    why = damage(ckpt)
+    if why:
+        raise ConfigError(damaged_line(ckpt, why, run_dir).replace("resume from it with: python -m helpers resume "
+                                                                   f"{run_dir} --checkpoint", "export it with: "
+                                                                   "python -m helpers export"))
+    load_run(run_dir)  # the layout comes from the run's config: a checkpoint outside a run record is one line
+    _claim_output(args.out, args.replace, "an export", lambda p: any(p.glob("*.safetensors")) or
+                  (p / "config.json").exists())
+    written = export_checkpoint(ckpt, args.out)[1]
     print(f"{ckpt} → {written} (Hugging Face layout, with config.json); start a run from it with --set init_from={args.out}")
     return 0
+
+
+def _claim_output(out: str, replace: bool, what: str, holds_output) -> None:
+    """An output folder of a command: not a file, not a run record, locked for this process, and holding no
+    earlier output (`holds_output(path)`) unless `replace` moves the whole folder aside first (said on stderr)."""
+    from helpers.run.outdir import move_aside, record_files
+    path = Path(out)
+
+    def check() -> bool:  # whether there is earlier output to move aside (refused unless replace)
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"--out {out!r} is a file; {what} is written into a folder: pass a folder path")
+        if path.is_dir() and record_files(path):
+            raise ConfigError(f"--out {out!r} holds a run record; {what} goes into a folder of its own: pass "
+                              f"another --out")
+        if path.is_dir() and holds_output(path) and not replace:
+            raise ConfigError(f"--out {out!r} already holds {what}; pass another --out, or --replace to move the old "
+                              f"folder aside first. Nothing was written")
+        return path.is_dir() and holds_output(path)
+    check()  # before the lock file is made: a refusal writes nothing
+    folder_lock.hold(path)
+    if check():  # again as its one writer
+        aside = move_aside(path)
+        folder_lock.release(path)
+        folder_lock.hold(path)
+        print(f"moved the earlier {what} in {out} aside to {aside}", file=sys.stderr)
 
 
 def cmd_prepare(args) -> int:
     """A corpus the workbook knows → a MindRecord set (train, val, tokenizer) that runs read with MindDataset."""
     from helpers.run.data import DataError
     from helpers.run.mindrecord import MindRecordError
-    from helpers.run.to_mindrecord import write_corpus
+    from helpers.run.to_mindrecord import TRAIN_FILE, VAL_FILE, write_corpus
     cfg = config_mod.absolute_paths(load_config(args.config, args.set))
+    _claim_output(args.out, args.replace, "a MindRecord set",
+                  lambda p: any((p / name).exists() for name in (TRAIN_FILE, VAL_FILE, "tokenizer.json")))
     try:
         w = write_corpus(cfg, args.out)
     except (DataError, MindRecordError) as exc:
@@ -286,10 +380,11 @@ def add_progress_argument(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--progress", choices=PROGRESS_KINDS, default=default)
 
 
-def add_replace_argument(p: argparse.ArgumentParser) -> None:
-    """--replace: a run record already in --out is moved aside (one rename) instead of refusing the run."""
+def add_replace_argument(p: argparse.ArgumentParser, what: str = "run record") -> None:
+    """--replace: what --out already holds is moved aside (one rename of the folder) instead of refusing."""
     p.add_argument("--replace", action="store_true",
-                   help="if --out holds a run record, move it whole to <out>.replaced-<time> first (default: refuse)")
+                   help=f"if --out holds a {what}, move the folder whole to <out>.replaced-<time> first "
+                        f"(default: refuse)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -309,6 +404,7 @@ def parser() -> argparse.ArgumentParser:
     tb = sub.add_parser("tensorboard", help="TensorBoard event files from runs and workbooks (needs tensorboardX)")
     tb.add_argument("sources", nargs="+", metavar="RUN_OR_WORKBOOK", help="run or workbook folders")
     tb.add_argument("--out", required=True, help="log folder to write (then: tensorboard --logdir OUT)")
+    add_replace_argument(tb, "event files")
     tb.set_defaults(func=cmd_tensorboard)
     return p
 
@@ -325,6 +421,8 @@ def _add_run_commands(sub, default_progress: str) -> None:
     r = sub.add_parser("resume", help="continue a run from its last checkpoint")
     r.add_argument("run_dir")
     r.add_argument("--steps", type=int, help="new total step count")
+    r.add_argument("--checkpoint", help="resume from this one of the run's checkpoints (a name such as "
+                                        "step_000020.ckpt, or its path) instead of the newest")
     add_progress_argument(r, default_progress)
     r.set_defaults(func=cmd_resume)
 
@@ -382,6 +480,7 @@ def _add_bring_your_own_commands(sub) -> None:
     add_config_arguments(pr, "YAML config whose data and model.seq_len to use")
     pr.add_argument("--to", required=True, choices=["mindrecord"], help="output format")
     pr.add_argument("--out", required=True, help="folder for train.mindrecord, val.mindrecord and tokenizer.json")
+    add_replace_argument(pr, "MindRecord set")
     pr.set_defaults(func=cmd_prepare)
     ic = sub.add_parser("import-config", help="map a MindFormers-style training YAML onto a workbook config")
     ic.add_argument("source", help="the MindFormers YAML (model.model_config, runner_config, optimizer, …)")
@@ -392,6 +491,7 @@ def _add_bring_your_own_commands(sub) -> None:
     e = sub.add_parser("export", help="write a run's model as Hugging Face GPT-2 safetensors (+ config.json)")
     e.add_argument("source", help="run folder (its last checkpoint) or a checkpoints/step_N.ckpt file")
     e.add_argument("--out", required=True, help="folder to write model.safetensors and config.json into")
+    add_replace_argument(e, "export")
     e.set_defaults(func=cmd_export)
 
 
@@ -413,10 +513,22 @@ def _add_autotune_command(sub) -> None:
     a.set_defaults(func=cmd_autotune)
 
 
+INTERNAL = ("arm", "zygote")  # processes of the tool's own, whose tracebacks go to logs whole
+
+
 def main(argv: list[str] | None = None) -> int:
+    """`python -m helpers ARGV`: a known bad input is one `error:` line and exit 2; anything else a command did not
+    expect is one line too (exit 1), its traceback with WORKBOOK_TRACEBACK=1."""
     args = parser().parse_args(argv)
     try:
         return args.func(args)
     except KNOWN_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if args.command in INTERNAL or os.environ.get("WORKBOOK_TRACEBACK"):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"error: {args.command} failed unexpectedly: {type(exc).__name__}: {first} (a bug of the workbook; "
+              f"rerun with WORKBOOK_TRACEBACK=1 for where, and report it)", file=sys.stderr)
+        return 1

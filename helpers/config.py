@@ -177,7 +177,7 @@ class Config:
     batch_size: int = _knob(12, "sequences per forward/backward pass over all ranks; global batch = batch_size × "
                                 "grad_accum_steps", ge=1)
     grad_accum_steps: int = _knob(1, "micro-batches accumulated per optimizer step", ge=1)
-    steps: int = _knob(300, "optimizer steps", ge=1)
+    steps: int = _knob(300, "optimizer steps", ge=1, le=10**9)
     lr: float = _knob(1e-3, "peak learning rate", gt=0.0, le=1e4)
     warmup: int = _knob(100, "linear LR warm-up in steps", ge=0)
     schedule: str = _knob("cosine", "LR decay after warm-up: cosine, linear, constant, or wsd (warm-up, stable "
@@ -207,7 +207,7 @@ class Config:
                                         "this, in nats/token; 0 = off", ge=0.0)
     max_time_s: float = _knob(0.0, "end the run (status ok, a validation pass made) once this many wall seconds "
                                    "have passed since its process started; 0 = off", ge=0.0)
-    seed: int = _knob(1337, "seed for init, data order and dropout", ge=0)
+    seed: int = _knob(1337, "seed for init, data order and dropout", ge=0, le=2**32 - 1)
     steady_after: int = _knob(5, "first steps (compile, warm-up) left out of steady-state statistics", ge=1)
     mode: str = _knob("graph", "MindSpore execution mode", choices=["graph", "pynative"])
     jit_level: str = _knob("O0", "graph compile level (graph mode; pynative wraps the step in ms.jit "
@@ -356,6 +356,9 @@ def _build(cls, data: dict, prefix: str = ""):
         if key not in known:
             raise ConfigError(f"unknown config key '{dotted}'{_suggest(dotted)}")
         if key in SECTIONS and cls is Config:
+            if value is not None and not isinstance(value, dict):
+                raise ConfigError(f"config section '{key}' must be a mapping of key: value (e.g. a '{key}:' block "
+                                  f"in YAML, or {key}.{_first_key(key)}=… on the command line), got {value!r}")
             section = dict(value or {})
             if key == "model":
                 preset = section.get("preset", ModelConfig.preset)
@@ -368,6 +371,10 @@ def _build(cls, data: dict, prefix: str = ""):
             _check_range(dotted, item, known[key].metadata)
         kwargs[key] = coerced
     return cls(**kwargs)
+
+
+def _first_key(section: str) -> str:
+    return next(iter(_fields(SECTIONS[section])))
 
 
 def validate(cfg: Config) -> Config:
@@ -541,7 +548,13 @@ def _merge(base: dict, extra: dict) -> dict:
 
 def from_dict(data: dict | None, overrides: dict[str, Any] | list[str] | None = None) -> Config:
     """Build and validate a Config from a (nested) dict plus flat dotted overrides."""
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"a config must be a mapping of key: value, got {data!r}")
     data = dict(data or {})
+    for key in SECTIONS:  # before the overrides are merged into them
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise ConfigError(f"config section '{key}' must be a mapping of key: value (e.g. a '{key}:' block in "
+                              f"YAML, or {key}.{_first_key(key)}=… on the command line), got {data[key]!r}")
     if isinstance(overrides, list):
         overrides = dict(parse_override(o) for o in overrides)
     data = _merge(data, _nest(dict(overrides or {})))
@@ -580,14 +593,24 @@ def load_config(path: str | os.PathLike | None = None,
     data: dict = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {str(p)!r} is a folder; pass a YAML file to --config")
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing YAML file to --config")
         try:
             data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                              f"offset {exc.start}); save it as UTF-8") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {str(p)!r} cannot be read ({exc.strerror})") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""
             raise ConfigError(f"config file {str(p)!r} is not valid YAML{where}; fix its syntax") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(p)!r} must be a mapping of key: value at its top level, got a "
+                              f"{type(data).__name__}; write it as `key: value` lines")
     return from_dict(data, overrides)
 
 

@@ -21,9 +21,11 @@ from typing import Any
 
 import yaml
 
+from helpers import folder_lock
 from helpers.config import Config, load_written
 
 CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, ENV_FILE = "config.yaml", "metrics.csv", "summary.json", "env.json"
+HISTORY_DIR = "history"  # what a resume replaced: earlier summaries, rows and checkpoints after its checkpoint
 
 METRIC_COLUMNS = ["step", "step_time_ms", "data_wait_ms", "tokens", "tokens_per_s", "loss", "loss_ema",
                   "grad_norm", "loss_scale", "overflow", "lr", "rss_bytes", "device_memory_bytes",
@@ -251,23 +253,50 @@ def load_run(run_dir: str | os.PathLike) -> RunRecord:
     except (ValueError, yaml.YAMLError) as exc:
         raise RecordError(f"run record {str(path)!r} is unreadable ({exc}); it was not written by this tool") \
             from None
-    metrics = read_metric_rows(path / METRICS_FILE) if (path / METRICS_FILE).is_file() else []
+    try:
+        metrics = read_metric_rows(path / METRICS_FILE) if (path / METRICS_FILE).is_file() else []
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RecordError(f"{str(path / METRICS_FILE)!r} is unreadable ({str(exc).splitlines()[0]}); it was not "
+                          f"written by this tool or was edited: restore it from history/ or train again") from None
+    if not isinstance(summary, dict):
+        raise RecordError(f"{str(path / SUMMARY_FILE)!r} is not a JSON object; it was not written by this tool")
     summary = upgrade_summary(summary)
-    if summary.get("status") == "running" and not _pid_alive(summary.get("pid")):
-        summary = {**summary, "status": "interrupted",
-                   "status_reason": f"the training process (pid {summary.get('pid')}) ended without finishing; "
-                                    f"resume with: python -m helpers resume {path}"}
+    if summary.get("status") == "running" and not _writer_alive(path, summary.get("pid")):
+        summary = {**summary, "status": "interrupted", "status_reason": _ended_reason(path, summary, metrics)}
     return RunRecord(path=path, config=config, metrics=metrics, summary=summary, env=env)
 
 
+def _writer_alive(path: Path, pid: int | None) -> bool:
+    """Whether the process writing a 'running' record lives: its writer lock is held (`folder_lock`); a record of
+    a writer that took no lock (written before the lock existed) by its pid."""
+    if not folder_lock.has_lock_file(path):
+        return _pid_alive(pid)
+    held_by = folder_lock.holder(path)
+    # this process holds it to write the folder anew: the record's own writer is then another, gone process
+    return held_by is not None and (held_by != os.getpid() or pid == os.getpid())
+
+
+def _ended_reason(path: Path, summary: dict, metrics: list[dict]) -> str:
+    """Why a 'running' record whose writer is gone reads as interrupted, and what `resume` can do with it."""
+    gone = f"the training process (pid {summary.get('pid')}) ended without finishing"
+    if any((path / "checkpoints").glob("step_*.ckpt")):
+        return f"{gone}; resume with: python -m helpers resume {path}"
+    if not metrics:
+        return f"{gone} before its first step; start it again with: python -m helpers resume {path}"
+    return (f"{gone} after {len(metrics)} steps and left no checkpoint to continue from (checkpoint_every=0 saves only "
+            f"at the end); train it again with --replace, or set checkpoint_every=N to make runs resumable")
+
+
 class RecordWriter:
-    """Writes a run record as training goes; every write is atomic."""
+    """Writes a run record as training goes; every write is atomic. A resumed run's start is written with its
+    first new row (`start_later`): until then the record it continues stays byte for byte as it was."""
 
     def __init__(self, run_dir: str | os.PathLike, flush_every_s: float = 5.0):
         self.path = Path(run_dir)
         self.rows: list[dict] = []
         self.flush_every_s = flush_every_s
         self._last_flush = 0.0
+        self._pending: tuple | None = None
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             (self.path / "checkpoints").mkdir(exist_ok=True)
@@ -285,12 +314,21 @@ class RecordWriter:
                 part.unlink(missing_ok=True)
         old = self.path / SUMMARY_FILE
         if old.is_file():
-            history = self.path / "history"
+            history = self.path / HISTORY_DIR
             history.mkdir(exist_ok=True)
             os.replace(old, history / f"summary_{int(old.stat().st_mtime * 1000)}.json")
         atomic_write_text(self.path / CONFIG_FILE, cfg_yaml)
         atomic_write_json(self.path / ENV_FILE, env)
         self.write_summary(summary)
+
+    def start_later(self, cfg_yaml: str, env: dict, summary: dict, before=None) -> None:
+        """`start` deferred to the first `add` (a resume); before(): what runs just before it (`supersede`)."""
+        self._pending = (cfg_yaml, env, summary, before)
+
+    @property
+    def started(self) -> bool:
+        """Whether the record's start is written (False only for a resume before its first new row)."""
+        return self._pending is None
 
     def write_summary(self, summary: dict) -> None:
         write_summary(self.path, summary)
@@ -300,8 +338,15 @@ class RecordWriter:
         self.add(row, time.perf_counter())
 
     def add(self, row: dict, now: float) -> None:
+        first = self._pending is not None
+        if first:
+            cfg_yaml, env, summary, before = self._pending
+            if before is not None:
+                before()
+            self.start(cfg_yaml, env, summary)
+            self._pending = None
         self.rows.append(row)
-        if now - self._last_flush >= self.flush_every_s:
+        if first or now - self._last_flush >= self.flush_every_s:
             self.flush(now)
 
     def flush(self, now: float = 0.0) -> None:

@@ -154,7 +154,7 @@ def test_read_only_output_folder_is_one_line_before_training(tmp_path, small_cor
         subprocess.run(["chattr", "-i", str(out)], check=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"error: cannot create run directory '{out}' (Operation not permitted); choose a writable --out folder"]
+        f"error: cannot create or write '{out}' (Operation not permitted); choose a writable --out folder"]
     assert list(out.iterdir()) == []
 
 

@@ -3,19 +3,113 @@ step Cells, and saving one (metrics first, then the file; the last `keep_checkpo
 
 A checkpoint is checkpoints/step_000123.ckpt: the parameters and optimizer state after step 123, with `step` and the
 loss scale (`Stepper.parameters_and_state`). It is written to a temp name and renamed, so a killed run never leaves
-a half checkpoint; a resume removes the temp file of the attempt that was killed.
+a half checkpoint; a resume removes the temp file of the attempt that was killed. Beside it, step_000123.ckpt.sha256
+holds the SHA-256 of its bytes, so a resume can tell a damaged file (truncated, overwritten, bytes flipped) from an
+intact one before anything is written (`damage`), without MindSpore.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import time
 from pathlib import Path
 
 from helpers.config import Config, ConfigError
-from helpers.record import METRICS_FILE, RecordWriter, read_metric_rows, write_failure
+from helpers.record import (HISTORY_DIR, METRICS_FILE, RecordError, RecordWriter, atomic_write_json,
+                            atomic_write_text, read_metric_rows, write_failure)
 from helpers.run.schedule import LR_PARAMETERS
 
 CHECKPOINTS_DIR = "checkpoints"
+DIGEST_SUFFIX = ".sha256"
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _varint(fh) -> int | None:
+    """A protobuf varint read from `fh`, None at a clean end of file (ValueError when cut inside one)."""
+    value, shift = 0, 0
+    while True:
+        byte = fh.read(1)
+        if not byte:
+            if shift:
+                raise ValueError("cut inside a length")
+            return None
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+        shift += 7
+        if shift > 63:
+            raise ValueError("a length longer than 64 bits")
+
+
+def _layout_damage(path: Path) -> str:
+    """Why `path` is not a whole MindSpore checkpoint ("" when it is): its protobuf records (`Checkpoint.value`:
+    a field-1 record per parameter, each naming its tag first) must end exactly at the end of the file, and one of
+    them must be the `step` this tool appends."""
+    size, tags = path.stat().st_size, set()
+    try:
+        with open(path, "rb") as fh:
+            while True:
+                at = fh.tell()
+                key = _varint(fh)
+                if key is None:
+                    break
+                length = _varint(fh)
+                if key != 0x0A or length is None or fh.tell() + length > size:
+                    raise ValueError(f"a record at byte {at} runs past the end or is not a parameter")
+                end = fh.tell() + length
+                if _varint(fh) == 0x0A:  # Value.tag, the parameter's name
+                    tags.add(fh.read(min(_varint(fh) or 0, 256)).decode("utf-8", "replace"))
+                fh.seek(end)
+    except ValueError as exc:
+        return f"truncated or not a MindSpore checkpoint: {exc}"
+    if "step" not in tags:
+        return "not a checkpoint of this tool: it holds no 'step'"
+    return ""
+
+
+def damage(path: str | os.PathLike) -> str:
+    """Why the checkpoint file `path` cannot be resumed from, or "" when it is intact: missing or empty, bytes that
+    differ from the SHA-256 written when it was saved, or (a checkpoint saved before digests) a protobuf layout that
+    is cut short."""
+    path = Path(path)
+    try:
+        if path.stat().st_size == 0:
+            return "it is empty"
+        digest = path.with_name(path.name + DIGEST_SUFFIX)
+        if digest.is_file():
+            want = digest.read_text(encoding="ascii", errors="replace").split()[:1]
+            return "" if want == [_digest(path)] else \
+                "its bytes differ from the SHA-256 written when it was saved (truncated or overwritten)"
+        return _layout_damage(path)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+
+
+def checkpoint_files(run_dir: str | os.PathLike) -> list[Path]:
+    """A run's checkpoint files, oldest first."""
+    return sorted((Path(run_dir) / CHECKPOINTS_DIR).glob("step_*.ckpt"))
+
+
+def damaged_line(ckpt: Path, why: str, run_dir: Path) -> str:
+    """The one line refusing a resume from the damaged `ckpt`: why, and the newest intact checkpoint to resume from
+    instead (its command), or that none is left."""
+    older = [p for p in reversed(checkpoint_files(run_dir)) if checkpoint_step(p) < checkpoint_step(ckpt)]
+    intact = next((p for p in older if not damage(p)), None)
+    if intact is None:
+        way = (f"no intact checkpoint is left in {run_dir}/checkpoints; train it again into another --out folder "
+               f"(or with --replace)")
+    else:
+        way = (f"the newest intact one is {intact.name}: resume from it with: python -m helpers resume {run_dir} "
+               f"--checkpoint {intact} (steps {checkpoint_step(intact) + 1}–{checkpoint_step(ckpt)} train again)")
+    return f"checkpoint {str(ckpt)!r} is damaged ({why}); nothing was written; {way}"
 
 
 def checkpoint_step(path: Path) -> int:
@@ -28,7 +122,7 @@ def resume_source(resume_from: str) -> tuple[Path, Path]:
     src = Path(resume_from)
     if src.is_file() and src.suffix == ".ckpt":
         return src.parent.parent, src
-    ckpts = sorted((src / CHECKPOINTS_DIR).glob("step_*.ckpt")) if src.is_dir() else []
+    ckpts = checkpoint_files(src) if src.is_dir() else []
     if not ckpts:
         raise ConfigError(f"resume_from={resume_from!r} has no checkpoint (looked for {src}/checkpoints/"
                           f"step_*.ckpt); pass a run directory with checkpoint_every > 0 or a .ckpt file")
@@ -36,11 +130,14 @@ def resume_source(resume_from: str) -> tuple[Path, Path]:
 
 
 def check_resumable(cfg: Config) -> None:
-    """Refuse, before anything is written, a resume whose checkpoint is already at or past `steps`: training would
-    get zero batches and rewrite a finished record as failed."""
+    """Refuse, before anything is written, a resume from a damaged checkpoint (`damaged_line`) or from one already
+    at or past `steps` (training would get zero batches)."""
     if not cfg.resume_from:
         return
     src, ckpt = resume_source(cfg.resume_from)
+    why = damage(ckpt)
+    if why:
+        raise ConfigError(damaged_line(ckpt, why, src))
     done = checkpoint_step(ckpt)
     if done >= cfg.steps:
         raise ConfigError(f"run {str(src)!r} is finished: its last checkpoint is step {done} of steps={cfg.steps}, "
@@ -54,6 +151,39 @@ def previous_rows(cfg: Config) -> list[dict]:
     metrics = src_dir / METRICS_FILE
     step = checkpoint_step(ckpt)
     return [r for r in read_metric_rows(metrics) if r["step"] <= step] if metrics.is_file() else []
+
+
+def supersede(cfg: Config) -> None:
+    """What a resume from an older checkpoint than the run's last replaces, kept under history/ when its first
+    step is written: the metrics rows after that checkpoint (the whole old metrics.csv) and the newer checkpoints,
+    which would otherwise be taken as the newest again."""
+    src, ckpt = resume_source(cfg.resume_from)
+    step, stamp = checkpoint_step(ckpt), time.strftime("%Y%m%d-%H%M%S")
+    history = src / HISTORY_DIR
+    newer = [p for p in checkpoint_files(src) if checkpoint_step(p) > step]
+    metrics = src / METRICS_FILE
+    rows_after = metrics.is_file() and any(r["step"] > step for r in read_metric_rows(metrics))
+    if not newer and not rows_after:
+        return
+    aside = history / f"after_step_{step:06d}_{stamp}"
+    aside.mkdir(parents=True, exist_ok=True)
+    if rows_after:  # a copy: metrics.csv is replaced whole by the resumed run's first flush
+        shutil.copy2(metrics, aside / METRICS_FILE)
+    for p in newer:
+        os.replace(p, aside / p.name)
+        digest = p.with_name(p.name + DIGEST_SUFFIX)
+        if digest.is_file():
+            os.replace(digest, aside / digest.name)
+
+
+def note_attempt(run_dir: str | os.PathLike, note: dict) -> Path:
+    """Keep what became of a resume that ended before its first new step (its status, reason, traceback) in
+    history/resume_<time>.json, the record it continues untouched; returns the note's path."""
+    history = Path(run_dir) / HISTORY_DIR
+    history.mkdir(exist_ok=True)
+    path = history / f"resume_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}.json"
+    atomic_write_json(path, {**note, "at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    return path
 
 
 def restore(cfg: Config, cells: list) -> int:
@@ -79,12 +209,15 @@ def save_checkpoint(run_dir: Path, writer: RecordWriter, parameters: list, step:
     folder = Path(run_dir) / CHECKPOINTS_DIR
     final = folder / f"step_{step:06d}.ckpt"
     tmp = folder / f".tmp_step_{step:06d}.ckpt"
+    digest = final.with_name(final.name + DIGEST_SUFFIX)
     try:
         ms.save_checkpoint(parameters, str(tmp), append_dict={"step": step})
+        atomic_write_text(digest, f"{_digest(tmp)}  {final.name}\n")  # before the rename: no checkpoint without it
         os.replace(tmp, final)
-    except (OSError, RuntimeError) as exc:  # MindSpore leaves its partial file (.tmp) behind: remove it
+    except (OSError, RuntimeError, RecordError) as exc:  # MindSpore leaves its partial file (.tmp) behind
         for part in folder.glob(f".tmp_step_{step:06d}.*"):
             part.unlink(missing_ok=True)
-        raise write_failure(final, exc) from None
-    for old in sorted(folder.glob("step_*.ckpt"))[:-keep]:
+        raise exc if isinstance(exc, RecordError) else write_failure(final, exc) from None
+    for old in checkpoint_files(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
+        old.with_name(old.name + DIGEST_SUFFIX).unlink(missing_ok=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from helpers.config import Config
+from helpers.run import interrupt
 from helpers.run.build import Built
 from helpers.run.metrics import Ema, rss_bytes
 from helpers.run.rows import StepSink
@@ -19,7 +20,8 @@ from helpers.run.schedule import lr_at
 
 @dataclass
 class Outcome:
-    """How a run's record ended: status ok / nan / stopped / failed, why, and the step it (re)started at."""
+    """How a run's record ended: status ok / nan / stopped / interrupted / failed, why, and the step it (re)started
+    at."""
     status: str
     reason: str
     start_step: int
@@ -77,6 +79,10 @@ class StepLoop:
             times.append(step_ms)
             waits.append(wait_ms)
             ended = self._record(step, step_ms, wait_ms, loss, norm, finite, scale)
+            if ended is None and step < cfg.steps and interrupt.requested():
+                self.checkpoint(step)  # metrics first, then the checkpoint of this step: always resumable
+                ended = Outcome("interrupted", f"interrupted by Ctrl-C after step {step} of {cfg.steps} (checkpoint "
+                                               f"step_{step:06d}.ckpt saved)", self.start)
             if ended is not None:
                 return times, waits, ended
         if self.next > cfg.steps:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from helpers import config as config_mod
+from helpers import folder_lock
 from helpers.config import Config
 from helpers.record import CONFIG_FILE, ENV_FILE, METRICS_FILE, SUMMARY_FILE, RecordError, RunRecord, load_run
 
@@ -107,6 +108,20 @@ def claim(folder: str | os.PathLike, cfg: Config, replace: bool = False) -> str 
         why += f"; its config differs in {', '.join(changed)}" if changed else "; same config"
     aside = move_aside(folder)
     return f"moved the earlier run in {folder} ({why}) aside to {aside}; {folder} holds only the new run"
+
+
+def claim_locked(folder: str | os.PathLike, cfg: Config, replace: bool = False) -> str | None:
+    """`claim` by the folder's one writer: its lock is taken first and held for the life of this process
+    (`folder_lock.hold`; FolderBusy, one line naming the live writer, when another process has it), and a folder
+    moved aside by `replace` leaves the lock with it: the new folder is locked again."""
+    if not replace:
+        claim(folder, cfg)  # a refusal before the lock file is made writes nothing
+    folder_lock.hold(folder)
+    moved = claim(folder, cfg, replace)  # again as the folder's one writer
+    if moved:
+        folder_lock.release(folder)
+        folder_lock.hold(folder)
+    return moved
 
 
 def finished_same(folder: str | os.PathLike, cfg: Config) -> RunRecord | None:

@@ -27,8 +27,10 @@ from helpers import config as config_mod
 from helpers.config import Config
 from helpers.record import RecordError, RecordWriter, load_run
 from helpers.run.build import Built, build
-from helpers.run.checkpoints import check_resumable, previous_rows, resume_source, restore, save_checkpoint
+from helpers.run.checkpoints import (check_resumable, checkpoint_files, note_attempt, previous_rows, resume_source,
+                                     restore, save_checkpoint, supersede)
 from helpers.run.data import OPEN_GATE, DataGate
+from helpers.run import interrupt
 from helpers.run.env import environment
 from helpers.run.kernels import resolve_kernels
 from helpers.run.loop import Outcome, StepLoop, feed
@@ -179,11 +181,14 @@ class Trainer:
         cfg = self.cfg
         self._status = {"status": "running", "status_reason": "", "pid": os.getpid(),
                         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        if cfg.resume_from:
+        start_args = (config_mod.dump(cfg), environment(cfg.device_target, cfg.threads), self._status)
+        if cfg.resume_from:  # the record it continues is left as it is until the first new step is written
             check_resumable(cfg)
             self.writer.rows = previous_rows(cfg)
             self._status["resumed_from"] = str(resume_source(cfg.resume_from)[1])
-        self.writer.start(config_mod.dump(cfg), environment(cfg.device_target, cfg.threads), self._status)
+            self.writer.start_later(*start_args, before=lambda: supersede(cfg))
+        else:
+            self.writer.start(*start_args)
         self._fixed_cost = FixedCost()
         # elapsed_s counts from this process's creation (start, imports, compile, evaluation: all a user pays);
         # a resumed run goes on from the seconds its earlier rows had already taken
@@ -193,6 +198,8 @@ class Trainer:
             start = self._set_up(clock0)
         except Exception as exc:  # recorded as a failed run; the caller decides how loud to be
             self._fail(exc)
+        except KeyboardInterrupt:
+            self._interrupted("before its first step")
         self.phase = Phase.STARTED
         return start
 
@@ -232,10 +239,22 @@ class Trainer:
             return self.outcome
         if self.outcome is None:
             self.outcome = Outcome("stopped", reason or "stopped before its last step", self._loop.start)
+        if self.outcome.status == "interrupted":
+            self.outcome.reason += f"; {self.resume_hint()}"
         self._write_summary({**self._status, "status": self.outcome.status, "status_reason": self.outcome.reason},
                             self.outcome.start_step, self._peaks)
         self.phase = Phase.FINISHED
         return self.outcome
+
+    def resume_hint(self) -> str:
+        """What `resume` can do with this run if it ends now: continue from its last checkpoint, start again (no
+        step was recorded), or nothing (steps recorded, no checkpoint)."""
+        if checkpoint_files(self.run_dir):
+            return f"resume with: python -m helpers resume {self.run_dir}"
+        if not self.writer.rows:
+            return f"start it again with: python -m helpers resume {self.run_dir}"
+        return (f"no checkpoint to continue from (checkpoint_every=0 saves only at the end); train it again with "
+                f"--replace")
 
     def _require_started(self, call: str) -> None:
         if self.phase is Phase.BUILT:
@@ -309,30 +328,48 @@ class Trainer:
                 return self._loop.extra(n) if self.outcome.status == "ok" else ([], [])
             self.phase = Phase.STEPPING
             times, waits, outcome = [], [], None
-            if self._loop.compile_gate is not None and n:  # the compile step: the gate opens only for its batch
-                times, waits, outcome = self._loop.steps(1)
-                self._loop.compiled()
-            if outcome is None and len(times) < n:
-                self.turns.gate.open()
-                more, more_waits, outcome = self._loop.steps(n - len(times))
-                times, waits = times + more, waits + more_waits
+            with interrupt.steps():  # a first Ctrl-C ends the record after the step it is in (loop.py)
+                if self._loop.compile_gate is not None and n:  # the compile step: the gate opens only for its batch
+                    times, waits, outcome = self._loop.steps(1)
+                    self._loop.compiled()
+                if outcome is None and len(times) < n:
+                    self.turns.gate.open()
+                    more, more_waits, outcome = self._loop.steps(n - len(times))
+                    times, waits = times + more, waits + more_waits
             self.outcome = outcome
             return times, waits
         except Exception as exc:
             self._fail(exc)
+        except KeyboardInterrupt:
+            self._interrupted(f"during step {self._loop.next - 1} (a second Ctrl-C: that step is not saved)")
         finally:
             self.turns.gate.close()
 
     def _fail(self, exc: Exception) -> None:
-        """Record the run as failed with `exc` (called while handling it), then re-raise it."""
+        """Record the run as failed with `exc` (called while handling it), then re-raise it. A resume that fails
+        before its first new step leaves the record it continues as it was, and notes the attempt in history/."""
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        self.outcome, self.phase = Outcome("failed", reason, 1), Phase.FINISHED
-        try:
-            self._write_summary({**self._status, "status": "failed", "status_reason": reason,
-                                 "traceback": traceback.format_exc()[-4000:]}, 1, None)
-        except RecordError:
-            pass  # the disk refused the failed summary too: the 'running' one left reads as 'interrupted'
+        self._end("failed", reason, {"traceback": traceback.format_exc()[-4000:]}, 1, None)
         raise exc
+
+    def _interrupted(self, when: str) -> None:
+        """Record a KeyboardInterrupt (Ctrl-C outside the steps, or a second one) as 'interrupted', then re-raise."""
+        start = self._loop.start if self._loop is not None else 1
+        self._end("interrupted", f"interrupted by Ctrl-C {when}; {self.resume_hint()}", {}, start, self._peaks)
+        raise KeyboardInterrupt
+
+    def _end(self, status: str, reason: str, extra: dict, start_step: int, peaks: Peaks | None) -> None:
+        """The summary of a run that ended early (`status`), or for a resume before its first new step, a note in
+        history/ that leaves the record it continues as it was."""
+        self.outcome, self.phase = Outcome(status, reason, start_step), Phase.FINISHED
+        try:
+            if not self.writer.started:
+                note_attempt(self.run_dir, {"status": status, "status_reason": reason, **extra})
+                return
+            self._write_summary({**self._status, "status": status, "status_reason": reason, **extra}, start_step,
+                                peaks)
+        except RecordError:
+            pass  # the disk refused the summary too: the 'running' one left reads as 'interrupted'
 
     def _write_summary(self, status: dict, start_step: int, peaks: Peaks | None) -> None:
         write_final_summary(self.cfg, self.writer, status, start_step, self._built, peaks, self._fixed_cost,
@@ -341,10 +378,17 @@ class Trainer:
 
 def train(cfg: Config, run_dir: str | os.PathLike, progress=None, replace: bool = False):
     """Train in this process and return the loaded RunRecord (use `runner.launch` for a separate process). A run_dir
-    that holds another run's record is refused, or with `replace` moved aside first (`outdir.claim`)."""
-    from helpers.run.outdir import claim
-    moved = claim(run_dir, cfg, replace)
-    if moved:
-        print(moved)
-    Trainer(cfg, run_dir, progress).run()
+    that holds another run's record is refused, or with `replace` moved aside first (`outdir.claim_locked`); its
+    writer lock is held while it trains."""
+    from helpers import folder_lock
+    from helpers.run.outdir import claim_locked
+    held = folder_lock.holds(run_dir)
+    try:
+        moved = claim_locked(run_dir, cfg, replace)
+        if moved:
+            print(moved)
+        Trainer(cfg, run_dir, progress).run()
+    finally:
+        if not held:  # a notebook kernel lives on: the folder is free for its next run
+            folder_lock.release(run_dir)
     return load_run(run_dir)

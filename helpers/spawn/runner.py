@@ -15,12 +15,16 @@ from pathlib import Path
 from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import REPO_ROOT, absolute
+from helpers.run.interrupt import stop_child
 from helpers.run.outdir import claim, finished_same
 from helpers.run.preflight import preflight
 from helpers.spawn import zygote
 from helpers.spawn.live import publish
 from helpers.record import RecordError, RunRecord, load_run
 from helpers.wire import decode_row
+
+
+REFUSED = 2  # the CLI's exit status for a run refused before it wrote anything (helpers/cli.py, main)
 
 
 def child_env() -> dict:
@@ -69,6 +73,10 @@ def launch(cfg: Config, run_dir: str | os.PathLike, progress: bool = True, desc:
         Path(request).unlink(missing_ok=True)
         if bar is not None:
             bar.close()
+    if code == REFUSED:  # it wrote nothing; what the folder holds (if anything) is another run's
+        lines = (run_dir / "train.log").read_text(errors="replace").strip().splitlines()
+        why = next((line for line in reversed(lines) if line.startswith("error: ")), f"exit {code}")
+        raise RuntimeError(f"the training process refused the run: {why.removeprefix('error: ')}")
     try:
         return load_run(run_dir)
     except RecordError:
@@ -106,8 +114,13 @@ def stream_child(cmd: list[str], log_path: Path, on_line, timeout_s: float | Non
             return code
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=child_env(), cwd=REPO_ROOT, text=True)
-        for line in proc.stdout:
-            on_line(line)
+        try:
+            for line in proc.stdout:
+                on_line(line)
+        except KeyboardInterrupt:  # the caller's Ctrl-C: the child saves its step and ends (interrupt.py)
+            stop_child(proc.pid, proc.stdout, on_line)
+            proc.wait()
+            raise
         return proc.wait(timeout=timeout_s)
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from helpers.paths import REPO_ROOT
+from helpers.run.interrupt import stop_child
 
 SWITCH_ENV = "WORKBOOK_ZYGOTE"
 SOCKET_ENV = "WORKBOOK_ZYGOTE_SOCKET"  # a shared zygote's socket (set by `shared` for the processes it starts)
@@ -156,8 +157,13 @@ class Zygote:
                 if select.select([out], [], [], 0)[0] and not out.read(1):
                     raise  # nobody holds the pipe: no child started, a fresh process may run it
                 pid = None  # a child was forked and runs; only its pid is unknown (any exit is then its)
-            for line in out:
-                on_line(line)
+            try:
+                for line in out:
+                    on_line(line)
+            except KeyboardInterrupt:  # the caller's Ctrl-C: the child saves its step and ends (interrupt.py)
+                if pid is not None:
+                    stop_child(pid, out, on_line)
+                raise
         try:
             return self._recv(timeout_s, "exit", pid)["code"]
         except ZygoteError as exc:
