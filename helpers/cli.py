@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -110,6 +111,8 @@ def _own_checkpoint(run_dir: Path, name: str) -> Path:
 
 
 def _run(cfg, out, progress) -> int:
+    """Train `cfg` into `out` (whose writer lock the caller holds) in this process, or under msrun; the exit status:
+    0 ok, 3 ended early (nan, stopped), 1 failed, 130 interrupted by Ctrl-C."""
     if cfg.parallel.data_parallel > 1:
         return _run_msrun(cfg, out, progress)
     from helpers.run import interrupt
@@ -238,9 +241,12 @@ def cmd_diagnose(args) -> int:
 
 def cmd_tensorboard(args) -> int:
     from helpers.book.tensorboard import TensorBoardError, export_tensorboard
-    _claim_output(args.out, args.replace, "a TensorBoard log folder", lambda p: any(p.rglob("events.out.tfevents.*")))
+
+    def claim() -> None:
+        _claim_output(args.out, args.replace, "a TensorBoard log folder",
+                      lambda p: any(p.rglob("events.out.tfevents.*")))
     try:
-        written = export_tensorboard(args.sources, args.out)
+        written = export_tensorboard(args.sources, args.out, before_writing=claim)
     except TensorBoardError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -329,11 +335,14 @@ def cmd_prepare(args) -> int:
     from helpers.run.mindrecord import MindRecordError
     from helpers.run.to_mindrecord import TRAIN_FILE, VAL_FILE, write_corpus
     cfg = config_mod.absolute_paths(load_config(args.config, args.set))
+    made = not Path(args.out).exists()
     _claim_output(args.out, args.replace, "a MindRecord set",
                   lambda p: any((p / name).exists() for name in (TRAIN_FILE, VAL_FILE, "tokenizer.json")))
     try:
         w = write_corpus(cfg, args.out)
     except (DataError, MindRecordError) as exc:
+        if made and [p.name for p in Path(args.out).iterdir()] == [folder_lock.LOCK_FILE]:
+            shutil.rmtree(args.out)  # the folder this command made for a set it could not write
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{w.train_rows} train + {w.val_rows} val rows of {w.row_tokens} tokens (vocabulary {w.vocab_size}) → "
@@ -525,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
     except KNOWN_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a run's own Ctrl-C is answered where it trains (`_run`); this is any other
+        print(f"interrupted: {args.command} stopped by Ctrl-C", file=sys.stderr)
+        return 130
     except Exception as exc:
         if args.command in INTERNAL or os.environ.get("WORKBOOK_TRACEBACK"):
             raise

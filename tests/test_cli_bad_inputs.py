@@ -266,3 +266,12 @@ def test_bad_input_on_the_command_line_is_one_line(name, world):
         assert snapshot(world[kept]) == before
     if before_file is not None:
         assert world[kept].read_bytes() == before_file
+
+
+def test_prepare_of_a_missing_corpus_leaves_no_folder_behind(world):
+    out = world["tmp"] / "mr_of_nothing"
+    proc = run_cli("prepare", "--to", "mindrecord", "--set", f"data.corpus={world['tmp'] / 'no_corpus.txt'}",
+                   "--out", str(out))
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "does not exist" in lines[0], lines
+    assert not out.exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Callable
 
 from helpers.record import SUMMARY_FILE, RecordError, RunRecord, load_run, memory_label
 from helpers.tune.rounds import MARKER, Workbook
@@ -79,11 +80,13 @@ def _workbook_runs(path: Path) -> list[tuple[RunRecord, str | None]]:
     return out
 
 
-def export_tensorboard(sources: list[str | Path], out: str | Path) -> list[Path]:
+def export_tensorboard(sources: list[str | Path], out: str | Path,
+                       before_writing: Callable[[], None] | None = None) -> list[Path]:
     """Write event files for each run or workbook folder in `sources` under `out`; returns the run folders written.
 
     A source is a run folder (has summary.json) or a workbook folder (has workbook.json). A missing or foreign
     folder raises RecordError (one line) before anything is written; without tensorboardX, TensorBoardError.
+    before_writing(): called once every source is read, before the first write (the CLI claims `out` there).
     """
     _writer_class()
     out = Path(out)
@@ -102,6 +105,8 @@ def export_tensorboard(sources: list[str | Path], out: str | Path) -> list[Path]
     clash = next((n for n in names if names.count(n) > 1), None)
     if clash:
         raise RecordError(f"two sources would both write {clash!r}; pass folders with different names")
+    if before_writing is not None:
+        before_writing()
     for record, logdir, note in plan:
         write_run(record, logdir, note)
     return [p for _, p, _ in plan]

@@ -58,6 +58,8 @@ def refusal(folder: str | os.PathLike) -> str:
     record, status, last = _state(folder)
     replace = "--replace (replace=True in Python) moves the old record aside first"
     if status == "running":
+        if folder_lock.holder(folder) not in (None, os.getpid()):
+            return folder_lock.busy_line(folder)
         return (f"{str(folder)!r} holds a run that is still training (pid {record.summary.get('pid')}); train into "
                 f"another --out folder, or wait for it to end. Nothing was written")
     if status == FINISHED:
