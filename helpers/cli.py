@@ -354,10 +354,20 @@ def cmd_import_config(args) -> int:
     """A MindFormers-style YAML → a workbook config YAML, its mapping table, and the planner's full-size estimate."""
     from helpers.book.planner import config_plan
     from helpers.mindformers import config_yaml, import_mindformers, read_yaml, scaled
-    full = import_mindformers(read_yaml(args.source))
+    from helpers.record import atomic_write_text
+    from helpers.run.outdir import move_aside
+    target = Path(args.out)
+    if target.is_dir():
+        raise ConfigError(f"--out {args.out!r} is a folder; name the YAML file to write, e.g. {args.out}/config.yaml")
+    if target.exists() and not args.replace:
+        raise ConfigError(f"--out {args.out!r} already exists; name another file, or --replace moves it aside "
+                          f"first. Nothing was written")
+    full = import_mindformers(read_yaml(args.source), reduce=bool(args.scale), source=args.source)
     out = scaled(full, args.scale) if args.scale else full
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(config_yaml(out, args.source, args.scale or ""), encoding="utf-8")
+    if target.exists():
+        print(f"moved the earlier {args.out} aside to {move_aside(target)}", file=sys.stderr)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(target, config_yaml(out, args.source, args.scale or ""))
     print(out.table())
     full_cfg = config_mod.from_dict(full.config)
     if not full_cfg.model.vocab_size:
@@ -496,6 +506,8 @@ def _add_bring_your_own_commands(sub) -> None:
     ic.add_argument("--out", required=True, help="workbook YAML to write")
     ic.add_argument("--scale", choices=sorted(PRESETS), help="keep the recipe, shrink the dims to this preset and "
                                                              "run it on CPU in one process (a try-out)")
+    ic.add_argument("--replace", action="store_true", help="if --out exists, rename it to <out>.replaced-<time> "
+                                                           "first (default: refuse)")
     ic.set_defaults(func=cmd_import_config)
     e = sub.add_parser("export", help="write a run's model as Hugging Face GPT-2 safetensors (+ config.json)")
     e.add_argument("source", help="run folder (its last checkpoint) or a checkpoints/step_N.ckpt file")

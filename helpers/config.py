@@ -55,6 +55,10 @@ class ModelConfig:
     positions: str = _knob("learned", "position information: a learned table added to the token embedding "
                                       "(learned, nanoGPT/GPT-2), or rotary embeddings of q and k (rope, LLaMA)",
                            choices=["learned", "rope"])
+    n_kv_head: int = _knob(0, "key/value heads for grouped-query attention; 0 = n_head", ge=0)
+    qkv_bias: bool = _knob(False, "bias on the q, k, v projections only (Qwen2)")
+    rope_scaling: str = _knob("none", "rotary scaling", choices=["none", "linear"])
+    rope_scaling_factor: float = _knob(1.0, "linear rope scaling: positions divided by this", gt=0.0)
     rope_theta: float = _knob(10000.0, "rotary base: head-dimension pair i turns by position × theta^(-2i/head)",
                               gt=1.0)
     qk_norm: bool = _knob(False, "RMS-normalise each head's q and k (no gain) before attention scores (QK-norm)")
@@ -180,6 +184,8 @@ class Config:
     steps: int = _knob(300, "optimizer steps", ge=1, le=10**9)
     lr: float = _knob(1e-3, "peak learning rate", gt=0.0, le=1e4)
     warmup: int = _knob(100, "linear LR warm-up in steps", ge=0)
+    warmup_ratio: float = _knob(0.0, "linear LR warm-up as a share of steps; > 0 replaces warmup with "
+                                     "round(warmup_ratio × steps), so a later steps= keeps the share", ge=0.0, le=1.0)
     schedule: str = _knob("cosine", "LR decay after warm-up: cosine, linear, constant, or wsd (warm-up, stable "
                                     "at lr, then linear decay to min_lr over the last cooldown_frac of the steps)",
                           choices=["cosine", "linear", "constant", "wsd"])
@@ -219,7 +225,8 @@ class Config:
                                       "(Ascend/GPU only; data_wait_ms is then not measured)")
     compile_cache: bool = _knob(True, "reuse compiled graphs across processes of the same config (one cache folder "
                                       "per config; the step is a Cell, which trains the same warm as cold)")
-    compile_cache_path: str = _knob("", "compile cache folder; '' = data/cache/compile (a subfolder per config)")
+    compile_cache_path: str = _knob("", "compile cache folder; '' = compile/ in the cache folder "
+                                          "($WORKBOOK_DATA_CACHE, else data/cache), a subfolder per config")
     amp_level: str = _knob("O0", "mixed precision level", choices=["O0", "O1", "O2", "O3"])
     amp_dtype: str = _knob("fp16", "low-precision dtype for amp_level O1-O3", choices=["fp16", "bf16"])
     fp32_cells: list[str] = _knob(None, "cells kept in fp32 under AMP",
@@ -242,6 +249,11 @@ class Config:
     def global_batch(self) -> int:
         """Sequences per optimizer step over every rank and accumulated micro-batch (batch_size × grad_accum_steps)."""
         return self.batch_size * self.grad_accum_steps
+
+    @property
+    def warmup_steps(self) -> int:
+        """Warm-up steps: round(warmup_ratio × steps) when warmup_ratio > 0, else warmup."""
+        return round(self.warmup_ratio * self.steps) if self.warmup_ratio else self.warmup
 
     @property
     def micro_batch_per_device(self) -> int:

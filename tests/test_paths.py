@@ -58,3 +58,14 @@ def test_cli_train_with_relative_out_and_corpus(tmp_path):
     assert proc.returncode == 0, proc.stderr
     record = load_run(tmp_path / "runs" / "x")
     assert record.status == "ok" and record.config.data.corpus == [str(tmp_path / "small.txt")]
+
+
+def test_the_corpus_and_compile_caches_follow_workbook_data_cache(tmp_path, monkeypatch):
+    from helpers.run.data import default_cache_dir
+    from helpers.run.startup import compile_cache_dir
+    monkeypatch.setenv("WORKBOOK_DATA_CACHE", str(tmp_path / "cache"))
+    assert default_cache_dir() == tmp_path / "cache"
+    assert compile_cache_dir(from_dict({})).parent == tmp_path / "cache" / "compile"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORKBOOK_DATA_CACHE", "rel")  # relative to the caller's folder, not the repository's
+    assert compile_cache_dir(from_dict({})).parent == tmp_path / "rel" / "compile"

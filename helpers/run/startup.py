@@ -17,7 +17,7 @@ from pathlib import Path
 
 from helpers import config as config_mod
 from helpers.config import Config
-from helpers.paths import DATA_CACHE
+from helpers.paths import cache_root
 
 # Keys that do not change the compiled graph: where the cache lives, where a resume starts from, when a run ends;
 # the input pipeline and the corpus (its batches are the graph's inputs; the vocabulary, which sizes the graph, is
@@ -25,7 +25,7 @@ from helpers.paths import DATA_CACHE
 # checkpoint cadence; the learning-rate schedule and the step count (the host sets the optimizer's scalar LR
 # Parameters before every step, run/schedule.py). The seed only matters to random ops in the graph (`_graph_keys`).
 _NOT_IN_GRAPH = ("compile_cache", "compile_cache_path", "resume_from", "target_val_loss", "max_time_s",
-                 "steps", "lr", "warmup", "schedule", "min_lr", "cooldown_frac", "muon_lr", "monitor.lr_factor",
+                 "steps", "lr", "warmup", "warmup_ratio", "schedule", "min_lr", "cooldown_frac", "muon_lr", "monitor.lr_factor",
                  "data.corpus", "data.autotune", "data.num_parallel_workers", "data.order", "data.prefetch",
                  "data.python_multiprocessing", "data.shuffle_buffer", "data.source_delay_ms", "data.tokenize",
                  "data.val_fraction", "monitor.profile_steps", "monitor.profile_start", "monitor.spike_ratio",
@@ -68,7 +68,7 @@ def process_age_s() -> float:
 
 
 def compile_cache_dir(cfg: Config, graph_key: str = "") -> Path:
-    """The compile-cache folder of this config: `<compile_cache_path or data/cache/compile>/<config hash>`.
+    """The compile-cache folder of this config: `<compile_cache_path or paths.cache_root()/compile>/<config hash>`.
 
     MindSpore's cache is keyed only by the Python files it depends on, not by the graph: a warm cache filled by
     another config was measured to load the wrong graph (batch 8 after batch 12: "For 'Reshape', the size of
@@ -78,7 +78,7 @@ def compile_cache_dir(cfg: Config, graph_key: str = "") -> Path:
     import mindspore as ms
     key = repr((sorted(_graph_keys(cfg).items()), graph_key, ms.__version__))
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(cfg.compile_cache_path or DATA_CACHE / "compile") / digest
+    return Path(cfg.compile_cache_path or cache_root() / "compile") / digest
 
 
 # The hold this process has on a compile-cache folder's part ((folder, part), open lock file), for its life.

@@ -82,11 +82,13 @@ def _grad_norm_alarms(record: RunRecord, base: Config) -> Suggestion | None:
     share = over / len(norms) if norms else 0.0
     if onsets < ALARM_ONSETS and share < OVER_LIMIT_SHARE:
         return None
-    warmup = base.warmup * 2 if base.warmup else max(1, base.steps // 10)
-    return Suggestion(slug("warmup", warmup), {"warmup": warmup}, "convergence",
+    now = base.warmup_steps
+    warmup = now * 2 if now else max(1, base.steps // 10)
+    change = {"warmup": warmup, **({"warmup_ratio": 0.0} if base.warmup_ratio else {})}  # steps replace the share
+    return Suggestion(slug("warmup", warmup), change, "convergence",
                       f"grad norm above monitor.grad_norm_limit={limit:g} on {over} of {len(norms)} steps "
                       f"({share:.0%}), alarm fired {onsets} time(s), max {max(norms):.3g}; warm-up now "
-                      f"{base.warmup} steps",
+                      f"{now} steps",
                       f"grad-norm alarms keep firing (≥ {ALARM_ONSETS} crossings or ≥ {OVER_LIMIT_SHARE:.0%} of "
                       f"steps) → double the warm-up")
 
