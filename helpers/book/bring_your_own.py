@@ -12,12 +12,14 @@ from helpers.config import Config, from_dict, with_changes
 from helpers.mindformers import Imported, import_mindformers, read_yaml, scaled
 from helpers.paths import REPO_ROOT
 
-EXAMPLE_RECIPE = REPO_ROOT / "configs" / "examples" / "llama2_7b_mindformers.yaml"
+EXAMPLE_RECIPE = REPO_ROOT / "configs" / "examples" / "qwen2_5_0_5b_mcore.yaml"
 
 
 def load_recipe(path: str | Path = "") -> Imported:
-    """A MindFormers YAML imported (`mindformers.import_mindformers`); '' = the committed LLaMA2-7B example."""
-    return import_mindformers(read_yaml(str(path or EXAMPLE_RECIPE)))
+    """A MindFormers YAML imported as written (`mindformers.import_mindformers`); '' = the committed Qwen2.5-0.5B
+    recipe in the mcore layout."""
+    path = str(path or EXAMPLE_RECIPE)
+    return import_mindformers(read_yaml(path), source=path)
 
 
 def recipe_table(imported: Imported) -> pd.DataFrame:

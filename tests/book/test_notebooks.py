@@ -345,8 +345,9 @@ def test_a_notebook_run_twice_into_one_workbook_reuses_its_fixed_folder_run(tmp_
 
 @pytest.mark.slow
 def test_bring_your_own_pins_baselines_from_a_recipe_and_from_weights(notebooks_run):
-    """15: a baseline of the imported MindFormers recipe at the preset's dims (its AMP O2, recompute and SwiGLU on
-    CPU), and one from 01's baseline exported as Hugging Face GPT-2 weights, which starts where that run ended."""
+    """15: a baseline of the imported mcore MindFormers recipe at the preset's dims (its AMP O2, recompute, SwiGLU,
+    shared k,v heads and q,k,v bias on CPU), and one from 01's baseline exported as Hugging Face GPT-2 weights, which
+    starts where that run ended."""
     root, failures = notebooks_run
     assert "15_bring_your_own" not in failures
     book = root / "workbooks" / "default"
@@ -354,8 +355,8 @@ def test_bring_your_own_pins_baselines_from_a_recipe_and_from_weights(notebooks_
     recipe = load_runs(book / "studies" / "imported_recipe" / "baseline")
     assert len(recipe) == pins == 1 and all(r.status == "ok" for r in recipe)
     assert {(r.config.amp_level, r.config.recompute, r.config.model.mlp, r.config.model.norm,
-             r.config.model.positions, r.config.model.tie_head) for r in recipe} == {
-        ("O2", "blocks", "swiglu", "rmsnorm", "rope", False)}
+             r.config.model.positions, r.config.model.tie_head, r.config.model.n_kv_head, r.config.model.qkv_bias)
+            for r in recipe} == {("O2", "blocks", "swiglu", "rmsnorm", "rope", True, 1, True)}
     source, weights = load_runs(book / "baseline"), load_runs(book / "studies" / "from_weights" / "baseline")
     assert len(weights) == pins and all(r.summary["init_from"]["layout"] == "GPT-2" for r in weights)
     assert (book / "studies" / "hf_weights" / "model.safetensors").is_file()
