@@ -44,6 +44,8 @@ class ModelConfig:
     preset: str = _knob("nano", "dims preset; explicit dims override it", choices=[*PRESETS, "custom"])
     n_layer: int = _knob(4, "transformer blocks", ge=1)
     n_head: int = _knob(4, "attention heads (must divide d_model)", ge=1)
+    n_kv_head: int = _knob(0, "key/value heads for grouped-query attention; 0 = n_head (multi-head attention); "
+                              "must divide n_head", ge=0)
     d_model: int = _knob(128, "hidden size", ge=1)
     seq_len: int = _knob(64, "context length in tokens", ge=1)
     vocab_size: int = _knob(0, "0 = take the tokenizer's vocabulary size", ge=0)
@@ -61,6 +63,11 @@ class ModelConfig:
     rope_scaling_factor: float = _knob(1.0, "linear rope scaling: positions divided by this", gt=0.0)
     rope_theta: float = _knob(10000.0, "rotary base: head-dimension pair i turns by position × theta^(-2i/head)",
                               gt=1.0)
+    rope_scaling: str = _knob("none", "rotary context scaling: none, or linear (positions divided by "
+                                      "rope_scaling_factor, Hugging Face's 'linear' rope type)",
+                              choices=["none", "linear"])
+    rope_scaling_factor: float = _knob(1.0, "model.rope_scaling=linear: rotary positions are divided by this",
+                                       ge=1.0)
     qk_norm: bool = _knob(False, "RMS-normalise each head's q and k (no gain) before attention scores (QK-norm)")
     zero_init_proj: bool = _knob(False, "initialise the output projections (attention out, MLP down) to zero: each "
                                         "block starts as the identity")
@@ -77,6 +84,8 @@ class ModelConfig:
     dense_act: bool = _knob(False, "GELU inside the MLP's first Dense cell (Linear+activation as one Cell)")
     dropout: float = _knob(0.0, "dropout probability", ge=0.0, le=0.9)
     bias: bool = _knob(True, "bias in Dense and LayerNorm cells")
+    qkv_bias: bool = _knob(False, "bias on the q, k, v projections only (Qwen2); model.bias=true already puts a bias "
+                                  "on every Dense")
     # Formulations: same math, different MindSpore ops (tests/run/test_kernels.py compares values and gradients).
     norm_backward: str = _knob("manual", "LayerNorm backward: MindSpore's LayerNormGrad, or hand-written from "
                                          "elementwise/reduce ops (same gradient, faster on CPU; amp_level=O1 "
@@ -101,6 +110,11 @@ class ModelConfig:
     ballast_every: int = _knob(0, "test-only: run the ballast only in every k-th step, as its own MatMul outside the "
                                   "step's graph (an intermittent cost of known size for bench.py validity; none while "
                                   "model.ballast is 0); 0 = inside every step's graph", ge=0)
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_head, or n_head when it is 0 (multi-head attention)."""
+        return self.n_kv_head or self.n_head
 
     @property
     def ffn_hidden(self) -> int:
@@ -395,6 +409,9 @@ def validate(cfg: Config) -> Config:
     if m.d_model % m.n_head:
         raise ConfigError(f"model.n_head={m.n_head} does not divide model.d_model={m.d_model}; "
                           f"pick n_head among {[h for h in range(1, m.d_model + 1) if m.d_model % h == 0][:12]}")
+    if m.n_kv_head and m.n_head % m.n_kv_head:
+        raise ConfigError(f"model.n_kv_head={m.n_kv_head} does not divide model.n_head={m.n_head}; pick n_kv_head "
+                          f"among {[0] + [h for h in range(1, m.n_head + 1) if m.n_head % h == 0][:12]}")
     if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
         raise ConfigError(f"betas={cfg.betas!r} must be two numbers in [0, 1), e.g. betas=[0.9, 0.99]")
     if cfg.min_lr > cfg.lr:
@@ -497,11 +514,17 @@ def _validate_recipe_levers(cfg: Config) -> None:
         raise ConfigError(f"model.positions=rope turns pairs of each head's dimensions and the head size "
                           f"d_model/n_head = {m.d_model // m.n_head} is odd; change the dims or use "
                           f"model.positions=learned")
+    if m.rope_scaling != "none" and m.positions != "rope":
+        raise ConfigError(f"model.rope_scaling={m.rope_scaling} scales rotary positions and model.positions="
+                          f"{m.positions}; set model.positions=rope or model.rope_scaling=none")
+    if m.rope_scaling == "none" and m.rope_scaling_factor != 1.0:
+        raise ConfigError(f"model.rope_scaling_factor={m.rope_scaling_factor:g} acts only with "
+                          f"model.rope_scaling=linear; set model.rope_scaling=linear or model.rope_scaling_factor=1")
     if m.build and (m.positions != "learned" or m.qk_norm or m.zero_init_proj or m.logit_softcap
-                    or m.mlp == "relu2" or not m.tie_head or m.mlp_hidden):
+                    or m.mlp == "relu2" or not m.tie_head or m.mlp_hidden or m.n_kv_head or m.qkv_bias):
         raise ConfigError(f"model.build={m.build!r} is your own network: the workbook's model levers (positions, "
-                          f"qk_norm, zero_init_proj, logit_softcap, mlp=relu2, tie_head, mlp_hidden) do not reach "
-                          f"it; leave them at their defaults")
+                          f"qk_norm, zero_init_proj, logit_softcap, mlp=relu2, tie_head, mlp_hidden, n_kv_head, "
+                          f"qkv_bias) do not reach it; leave them at their defaults")
 
 
 def _validate_parallel(cfg: Config, cores: int) -> None:

@@ -7,7 +7,8 @@ Everything here is arithmetic, not measurement:
   the two moments (8 B/param); divided by tp*pp, and by dp too with optimizer sharding (ZeRO-1 style,
   MindSpore's `enable_parallel_optimizer`);
 - activations per layer (Korthikanti et al. 2022, 16-bit, tensor parallel without sequence parallel):
-  s*b*h*(10 + 24/tp + 5*a*s/(h*tp)) bytes; with full recompute only each layer's input, 2*s*b*h bytes,
+  s*b*h*(10 + 24/tp + 5*a*s/(h*tp)) bytes, where grouped-query attention keeps k and v (2*s*b*h each of the 24)
+  at kv/a of their size: 24 becomes 20 + 4*kv/a (kv = key/value heads, a = attention heads); with full recompute only each layer's input, 2*s*b*h bytes,
   plus one layer's full set while it is recomputed; fp32 activations double it. With 1F1B pipelining the
   first stage holds pp micro-batches of its n_layer/pp layers = n_layer layers' worth; plus fp32 logits
   4*s*b*vocab/tp. Framework, workspace and fragmentation are not modelled.
@@ -22,7 +23,7 @@ GB = 10**9
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Size and dims of a decoder (n_params in parameters; dims in elements)."""
+    """Size and dims of a decoder (n_params in parameters; dims in elements; n_kv_head 0 = n_head)."""
     name: str
     n_params: float
     n_layer: int
@@ -30,6 +31,7 @@ class ModelShape:
     n_head: int
     seq_len: int
     vocab: int
+    n_kv_head: int = 0
 
 
 # LLaMA-family shapes (published configs).
@@ -37,7 +39,7 @@ MODELS = {
     "7B": ModelShape("7B", 7e9, 32, 4096, 32, 4096, 32000),
     "13B": ModelShape("13B", 13e9, 40, 5120, 40, 4096, 32000),
     "30B": ModelShape("30B", 32.5e9, 60, 6656, 52, 2048, 32000),
-    "70B": ModelShape("70B", 70e9, 80, 8192, 64, 4096, 32000),
+    "70B": ModelShape("70B", 70e9, 80, 8192, 64, 4096, 32000, n_kv_head=8),
 }
 
 
@@ -77,7 +79,8 @@ class MemoryEstimate:
 def activation_bytes(m: ModelShape, s: Strategy) -> float:
     """Estimated activation bytes per device for one training step (see module docstring)."""
     sbh = m.seq_len * s.micro_batch * m.d_model
-    full = sbh * (10 + 24 / s.tp + 5 * m.n_head * m.seq_len / (m.d_model * s.tp))
+    kv_share = (m.n_kv_head or m.n_head) / m.n_head
+    full = sbh * (10 + (20 + 4 * kv_share) / s.tp + 5 * m.n_head * m.seq_len / (m.d_model * s.tp))
     layers = 2 * sbh * m.n_layer + full if s.recompute else full * m.n_layer
     scale = DTYPE_BYTES[s.dtype] / 2  # the formula counts 16-bit activations
     return scale * layers + 4 * m.seq_len * s.micro_batch * m.vocab / s.tp
@@ -136,16 +139,18 @@ def msrun_commands(nodes: int, devices_per_node: int, master_addr: str, master_p
 def shape_of(cfg, n_params: int, vocab: int) -> ModelShape:
     """A ModelShape for a workbook Config and its counted parameters (e.g. the nano preset)."""
     m = cfg.model
-    return ModelShape(m.preset, float(n_params), m.n_layer, m.d_model, m.n_head, m.seq_len, vocab)
+    return ModelShape(m.preset, float(n_params), m.n_layer, m.d_model, m.n_head, m.seq_len, vocab, m.n_kv_head)
 
 
 def model_params(m, vocab: int) -> int:
     """Trainable parameters of the workbook's model (helpers/run/model.py `GPT`) at the dims of ModelConfig `m` with
-    a vocabulary of `vocab` tokens, by arithmetic (no model is built)."""
+    a vocabulary of `vocab` tokens, by arithmetic (no model is built): k and v have n_kv_head heads, biases on
+    every Dense (model.bias) or on q, k, v only (model.qkv_bias), an untied head its own vocab × d_model."""
     d = m.d_model
+    kv = m.kv_heads * (d // m.n_head)  # the width of k and of v
     norm = 2 * d if m.norm == "layernorm" else d  # nn.LayerNorm always has a bias; RMSNorm a weight only
     bias = 1 if m.bias else 0
-    attn = 4 * d * d + bias * 4 * d
+    attn = 2 * d * d + 2 * d * kv + (d + 2 * kv) * int(m.bias or m.qkv_bias) + d * bias
     hidden = m.ffn_hidden
     if m.mlp == "swiglu":
         mlp = 3 * d * hidden
@@ -164,7 +169,8 @@ def config_plan(cfg, vocab: int = 0) -> tuple[ModelShape, Strategy]:
     vocab = m.vocab_size or vocab
     if not vocab:
         raise ValueError("model.vocab_size is 0 (the tokenizer's); pass the vocabulary size as vocab")
-    shape = ModelShape(m.preset, float(model_params(m, vocab)), m.n_layer, m.d_model, m.n_head, m.seq_len, vocab)
+    shape = ModelShape(m.preset, float(model_params(m, vocab)), m.n_layer, m.d_model, m.n_head, m.seq_len, vocab,
+                       m.n_kv_head)
     dtype = "fp32" if cfg.amp_level == "O0" else cfg.amp_dtype
     return shape, Strategy(dp=cfg.parallel.data_parallel, micro_batch=cfg.micro_batch_per_device,
                            recompute=cfg.recompute == "blocks", dtype=dtype)

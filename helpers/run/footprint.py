@@ -3,8 +3,9 @@ checked before MindSpore is imported: a size that cannot fit is refused in one l
 numpy's "Unable to allocate 37.3 GiB for an array with shape (100000, 100000)" after the import.
 
 Every figure is a lower bound in bytes. T = model.seq_len, B = batch_size (sequences per forward/backward pass,
-all data-parallel ranks together), H = model.n_head, L = model.n_layer, d = model.d_model, P = parallel.data_parallel
-processes, V = the vocabulary where the config fixes it (model.vocab_size; data.vocab_size for bpe; 256 for byte; a
+all data-parallel ranks together), H = model.n_head, L = model.n_layer, d = model.d_model, kv = the width of k and of
+v (model.n_kv_head × d/H; d without grouped-query attention), h = the MLP's width (model.ffn_hidden), m = its
+weight matrices (3 for SwiGLU, else 2), P = parallel.data_parallel processes, V = the vocabulary where the config fixes it (model.vocab_size; data.vocab_size for bpe; 256 for byte; a
 char vocabulary is known only from the corpus, so it is left out), 4 bytes per float32, a = 2 bytes per activation
 under AMP (amp_level O1-O3), else 4:
 
@@ -15,15 +16,17 @@ under AMP (amp_level O1-O3), else 4:
   and while the last layer computes it, its input scores exist too: (L+1)·B·H·T²·s, s = 2 under AMP when softmax
   is not in fp32_cells, else 4; with recompute=blocks one layer's weights are kept (2 arrays); none with
   model.attention=flash, which never forms them.
-- activations kept for the backward pass, per token and layer at least 16·d values: the inputs of the two
-  LayerNorms (2·d), of the q,k,v Dense (d), q and k (2·d, for the scores' gradient), v (d), the attention output
-  (d, the projection's input), the MLP's input (d), its hidden layer before and after GELU (4·d each):
-  16·L·B·T·d·a; with recompute=blocks the block inputs and one block's: (L+16)·B·T·d·a.
+- activations kept for the backward pass, per token and layer at least 6·d + 2·kv + 2·h values: the inputs of the
+  two norms (2·d), of the q,k,v Dense (d), q (d) and k (kv, both for the scores' gradient), v (kv), the attention
+  output (d, the projection's input), the MLP's input (d), its hidden layer before and after its activation (h
+  each): (6·d + 2·kv + 2·h)·L·B·T·a (16·d·L·B·T·a at the default 4·d GELU MLP); with recompute=blocks the block
+  inputs and one block's: (L·d + 6·d + 2·kv + 2·h)·B·T·a.
 - logits: LossNet casts the [B·T, V] logits to float32, and the loss's gradient of them has the same shape; the
   kernel that makes it holds both: 2·B·T·V·4.
-- token embedding (tied to the output head), its gradient and AdamW's two moments: 4·V·d·4 per process.
-- block weights: at least 12·d² per layer (q, k, v and the projection 4·d², the MLP 8·d²), with gradient and two
-  moments: 4·12·L·d²·4 per process.
+- token embedding (and an untied output head as large), its gradient and AdamW's two moments: 4·V·d·4 per process,
+  twice that with model.tie_head=false.
+- block weights: at least 2·d² + 2·d·kv + m·d·h per layer (q and the projection, k and v, the MLP; 12·d² at the
+  defaults), with gradient and two moments: 4·L·(2·d² + 2·d·kv + m·d·h)·4 per process.
 
 A run needs at least max(the build's peak, the sum of the rest): the masks stay while the step runs. With
 model.build (the user's own network) only the logits are ours to count. On GPU/Ascend only the masks are host
@@ -81,10 +84,13 @@ def parts(cfg: Config) -> tuple[Part | None, list[Part]]:
         s = 2 if amp and "softmax" not in cfg.fp32_cells else F32
         step.append(Part("model.seq_len", "the attention scores and weights", arrays * B * H * T * T * s,
                          f"{arrays} arrays × batch {B} × {H} heads × {T:,}² × {s} bytes"))
+    kv, h = m.kv_heads * (d // H), m.ffn_hidden
     if ours:
-        recompute = cfg.recompute == "blocks"
-        per_token, count = (L + 16, f"({L} layers + 16)") if recompute else (16 * L, f"16 × {L} layers")
-        step.append(Part("batch_size", "the activations kept for backward", per_token * B * T * d * a,
+        layer = 6 * d + 2 * kv + 2 * h  # values per token (16·d at the defaults)
+        c = f"{layer / d:.4g}"
+        per_token, count = ((L * d + layer, f"({L} layers + {c})") if cfg.recompute == "blocks"
+                            else (L * layer, f"{c} × {L} layers"))
+        step.append(Part("batch_size", "the activations kept for backward", per_token * B * T * a,
                          f"{count} × batch {B} × {T:,} tokens × d_model {d:,} × {a} bytes"))
     vkey, V = _vocab(cfg)
     if V:
@@ -92,11 +98,17 @@ def parts(cfg: Config) -> tuple[Part | None, list[Part]]:
         step.append(Part(vkey if sized else "batch_size", "the float32 logits and their gradient",
                          2 * B * T * V * F32, f"2 × batch {B} × {T:,} tokens × vocab {V:,} × {F32} bytes"))
         if ours:
-            step.append(Part(vkey if sized else "model.d_model", "the token embedding with its gradient and AdamW "
-                             "moments", P * 4 * V * d * F32, f"4 × vocab {V:,} × d_model {d:,} × {F32} bytes{per}"))
+            tables = 1 if m.tie_head else 2
+            what = "the token embedding" + ("" if m.tie_head else " and the output head")
+            step.append(Part(vkey if sized else "model.d_model", f"{what} with their gradients and AdamW moments",
+                             P * 4 * tables * V * d * F32,
+                             f"4 × {tables} × vocab {V:,} × d_model {d:,} × {F32} bytes{per}"))
     if ours:
+        mats = 3 if m.mlp == "swiglu" else 2
+        weights = 2 * d * d + 2 * d * kv + mats * d * h
         step.append(Part("model.d_model", "the block weights with their gradients and AdamW moments",
-                         P * 4 * 12 * L * d * d * F32, f"4 × 12 × {L} layers × {d:,}² × {F32} bytes{per}"))
+                         P * 4 * L * weights * F32, f"4 × {weights / (d * d):.4g} × {L} layers × {d:,}² × {F32} "
+                                                    f"bytes{per}"))
     return build, step
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
+from mindspore.ops.auto_generate import SplitWithSize
 
 from helpers.config import Config, ModelConfig
 from helpers.run.kernels import NATIVE, native_ops
@@ -141,12 +142,14 @@ def _dense(d_in: int, d_out: int, bias: bool, std: float, native: bool, bias_op:
 class Rotary(nn.Cell):
     """Rotary position embedding in the 'rotate half' layout (GPT-NeoX, Hugging Face LLaMA): dimensions i and
     i + head/2 of each head turn together by the angle position × theta^(-2i/head). Applied to q and k only, so
-    the score of two positions depends on their distance, and each vector keeps its norm."""
+    the score of two positions depends on their distance, and each vector keeps its norm. scale: linear rope
+    scaling, positions divided by it."""
 
-    def __init__(self, head_dim: int, seq_len: int, theta: float):
+    def __init__(self, head_dim: int, seq_len: int, theta: float, scale: float = 1.0):
         super().__init__()
         freqs = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-        angles = np.arange(seq_len, dtype=np.float64)[:, None] * freqs[None, :]
+        # linear rope scaling (model.rope_scaling=linear): position p turns as p / scale
+        angles = (np.arange(seq_len, dtype=np.float64) / scale)[:, None] * freqs[None, :]
         angles = np.concatenate([angles, angles], axis=-1)[None, None]  # [1, 1, T, head]
         self.cos = Tensor(np.cos(angles).astype(np.float32))
         self.sin = Tensor(np.sin(angles).astype(np.float32))
@@ -172,20 +175,28 @@ class HeadNorm(nn.Cell):
 
 
 class CausalSelfAttention(nn.Cell):
-    """Multi-head causal attention; q,k,v from one fused Dense split by ops.Split, or three Dense cells."""
+    """Causal attention, multi-head or grouped-query (model.n_kv_head: each k,v head serves n_head/n_kv_head
+    consecutive q heads, as Hugging Face's repeat_kv); q,k,v from one fused Dense split by ops.Split (by size under
+    grouped-query attention), or three Dense cells."""
 
     def __init__(self, cfg: ModelConfig, proj_std: float, native: bool):
         super().__init__()
         d = cfg.d_model
         self.n_head, self.head_dim = cfg.n_head, d // cfg.n_head
+        self.n_kv, self.kv_dim = cfg.kv_heads, cfg.kv_heads * self.head_dim
+        self.grouped = self.n_kv != self.n_head  # False keeps the multi-head graph exactly as it was
         self.mode = cfg.qkv
+        qkv_bias = cfg.bias or cfg.qkv_bias
         if cfg.qkv != "separate":
-            self.qkv = _dense(d, 3 * d, cfg.bias, 0.02, native)
-            self.split = ops.Split(axis=-1, output_num=3)
+            self.qkv = _dense(d, d + 2 * self.kv_dim, qkv_bias, 0.02, native)
+            # ops.SplitV has no CPU kernel; SplitWithSize (what ops.split runs) does, forward and backward
+            self.split = SplitWithSize() if self.grouped else ops.Split(axis=-1, output_num=3)
         else:
-            self.q, self.k, self.v = (_dense(d, d, cfg.bias, 0.02, native) for _ in range(3))
+            self.q = _dense(d, d, qkv_bias, 0.02, native)
+            self.k, self.v = (_dense(d, self.kv_dim, qkv_bias, 0.02, native) for _ in range(2))
         self.proj = _dense(d, d, cfg.bias, proj_std, native)
-        self.rotary = Rotary(self.head_dim, cfg.seq_len, cfg.rope_theta) if cfg.positions == "rope" else None
+        scale = cfg.rope_scaling_factor if cfg.rope_scaling == "linear" else 1.0
+        self.rotary = Rotary(self.head_dim, cfg.seq_len, cfg.rope_theta, scale) if cfg.positions == "rope" else None
         self.qk_norm = HeadNorm() if cfg.qk_norm else None
         self.scores = ops.BatchMatMul(transpose_b=True)
         self.mix = ops.BatchMatMul()
@@ -206,35 +217,49 @@ class CausalSelfAttention(nn.Cell):
         if self.flash:
             self.causal_2048 = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
 
-    def _heads(self, t, b, s):
-        return self.transpose(self.reshape(t, (b, s, self.n_head, self.head_dim)), (0, 2, 1, 3))
+    def _heads(self, t, b, s, heads):
+        return self.transpose(self.reshape(t, (b, s, heads, self.head_dim)), (0, 2, 1, 3))
+
+    def _qkv(self, x, d):
+        if self.mode == "fused" and self.grouped:
+            return self.split(self.qkv(x), (d, self.kv_dim, self.kv_dim), -1)
+        if self.mode == "fused":
+            return self.split(self.qkv(x))
+        if self.mode == "fused_slice":  # the slow variant the profiler exposes (StridedSlice)
+            qkv = self.qkv(x)
+            return qkv[:, :, :d], qkv[:, :, d:d + self.kv_dim], qkv[:, :, d + self.kv_dim:]
+        return self.q(x), self.k(x), self.v(x)
+
+    def _softmax(self, scores, dtype):
+        if self.causal_softmax is not None:
+            return self.causal_softmax(scores, self.scale_t)
+        return self.softmax(scores * self.scale + self.mask.astype(scores.dtype)).astype(dtype)
 
     def construct(self, x):
         b, s, d = x.shape
-        if self.mode == "fused":
-            q, k, v = self.split(self.qkv(x))
-        elif self.mode == "fused_slice":  # the slow variant the profiler exposes (StridedSlice)
-            qkv = self.qkv(x)
-            q, k, v = qkv[:, :, :d], qkv[:, :, d:2 * d], qkv[:, :, 2 * d:]
-        else:
-            q, k, v = self.q(x), self.k(x), self.v(x)
-        q, k, v = self._heads(q, b, s), self._heads(k, b, s), self._heads(v, b, s)
+        q, k, v = self._qkv(x, d)
+        q, k, v = self._heads(q, b, s, self.n_head), self._heads(k, b, s, self.n_kv), self._heads(v, b, s, self.n_kv)
         if self.qk_norm is not None:
             q, k = self.qk_norm(q), self.qk_norm(k)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
-        if self.flash:  # scale, causal mask, softmax and the value mix in one fused kernel
+        if self.flash:  # scale, causal mask, softmax and the value mix in one fused kernel (k,v heads may be fewer)
             y = ops.flash_attention_score(q, k, v, self.n_head, attn_mask=self.causal_2048, scalar_value=self.scale,
                                           input_layout="BNSD", sparse_mode=2)
             return self.proj(self.reshape(self.transpose(y, (0, 2, 1, 3)), (b, s, d)))
-        if self.causal_softmax is not None:
-            att = self.causal_softmax(self.scores(q, k), self.scale_t)
+        if self.grouped:
+            # the q heads of one k,v head as one [group·s, head] matrix: one BatchMatMul per k,v head, no k,v copies
+            q = self.reshape(q, (b, self.n_kv, -1, self.head_dim))
+            scores = self.reshape(self.scores(q, k), (b, self.n_head, s, s))
+            att = self.reshape(self._softmax(scores, v.dtype), (b, self.n_kv, -1, s))
         else:
-            att = self.scores(q, k) * self.scale + self.mask.astype(q.dtype)
-            att = self.softmax(att).astype(v.dtype)
+            att = self._softmax(self.scores(q, k), v.dtype)
         if self.drop is not None:
             att = self.drop(att)
-        y = self.transpose(self.mix(att, v), (0, 2, 1, 3))
+        y = self.mix(att, v)
+        if self.grouped:
+            y = self.reshape(y, (b, self.n_head, s, self.head_dim))
+        y = self.transpose(y, (0, 2, 1, 3))
         return self.proj(self.reshape(y, (b, s, d)))
 
 

@@ -92,12 +92,12 @@ def hardware_peak(dtype: str = "fp32", device_target: str = "CPU") -> dict | Non
 # ---------------------------------------------------------------------------------------- achievable peak
 
 def matmul_shapes(cfg: Config, vocab: int | None = None) -> list[tuple[int, int, int]]:
-    """The model's own matmul shapes (M, K, N) for one micro-batch: q/k/v projection, attention output, MLP up and
-    down, and the output head when `vocab` is known; M = micro-batch × context tokens."""
+    """The model's own matmul shapes (M, K, N) for one micro-batch: q/k/v projection (k and v n_kv_head heads wide),
+    attention output, MLP up and down, and the output head when `vocab` is known; M = micro-batch × context tokens."""
     m, d = cfg.tokens_per_micro_batch, cfg.model.d_model
-    hidden = cfg.model.ffn_hidden
-    qkv = (m, d, d) if cfg.model.qkv == "separate" else (m, d, 3 * d)
-    shapes = [qkv, (m, d, d), (m, d, hidden), (m, hidden, d)] + ([(m, d, vocab)] if vocab else [])
+    hidden, kv = cfg.model.ffn_hidden, cfg.model.kv_heads * (d // cfg.model.n_head)
+    qkv = [(m, d, d), (m, d, kv)] if cfg.model.qkv == "separate" else [(m, d, d + 2 * kv)]
+    shapes = [*qkv, (m, d, d), (m, d, hidden), (m, hidden, d)] + ([(m, d, vocab)] if vocab else [])
     return list(dict.fromkeys(shapes))
 
 

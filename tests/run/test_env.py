@@ -118,6 +118,10 @@ def test_the_achievable_peak_is_measured_on_the_models_shapes_and_cached_per_sha
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     tiny = peaks.matmul_shapes(from_dict({"model": {"preset": "debug"}, "batch_size": 8}), 65)
     assert tiny == [(256, 64, 192), (256, 64, 64), (256, 64, 256), (256, 256, 64), (256, 64, 65)]  # M = 8 × 32
+    grouped = {"preset": "debug", "n_kv_head": 1}  # one k,v head of 32: k and v are 32 wide
+    assert peaks.matmul_shapes(from_dict({"model": grouped, "batch_size": 8}))[0] == (256, 64, 128)
+    assert peaks.matmul_shapes(from_dict({"model": {**grouped, "qkv": "separate"}, "batch_size": 8}))[:2] == [
+        (256, 64, 64), (256, 64, 32)]
     info = peaks.peak_flops_info("CPU", "fp32", 0, tiny)
     assert [r["shape"] for r in info["shapes"]] == [list(s) for s in tiny]
     assert info["flops"] == max(r["flops"] for r in info["shapes"]) > 1e8

@@ -194,7 +194,8 @@ def test_the_levers_are_checked_before_training():
 # recipe levers (optimizer, schedule) in one, the architecture levers in the other.
 LEVERS = {"recipe": {"optimizer": "muon", "schedule": "wsd", "cooldown_frac": 0.4},
           "architecture": {"model.positions": "rope", "model.qk_norm": True, "model.mlp": "relu2",
-                           "model.zero_init_proj": True, "model.logit_softcap": 15.0}}
+                           "model.zero_init_proj": True, "model.logit_softcap": 15.0, "model.n_kv_head": 1,
+                           "model.qkv_bias": True, "model.rope_scaling": "linear", "model.rope_scaling_factor": 2.0}}
 
 
 @pytest.mark.slow
