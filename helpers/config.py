@@ -57,10 +57,6 @@ class ModelConfig:
     positions: str = _knob("learned", "position information: a learned table added to the token embedding "
                                       "(learned, nanoGPT/GPT-2), or rotary embeddings of q and k (rope, LLaMA)",
                            choices=["learned", "rope"])
-    n_kv_head: int = _knob(0, "key/value heads for grouped-query attention; 0 = n_head", ge=0)
-    qkv_bias: bool = _knob(False, "bias on the q, k, v projections only (Qwen2)")
-    rope_scaling: str = _knob("none", "rotary scaling", choices=["none", "linear"])
-    rope_scaling_factor: float = _knob(1.0, "linear rope scaling: positions divided by this", gt=0.0)
     rope_theta: float = _knob(10000.0, "rotary base: head-dimension pair i turns by position × theta^(-2i/head)",
                               gt=1.0)
     rope_scaling: str = _knob("none", "rotary context scaling: none, or linear (positions divided by "
