@@ -8,8 +8,9 @@ where MindFormers' default differs from the workbook's the import takes theirs (
 be honoured is reported at once; `scaled` keeps the recipe and shrinks the dims to a preset for a CPU try-out.
 """
 from helpers.mindformers.files import config_yaml, read_yaml
-from helpers.mindformers.importer import Imported, Refusal, Row, flat, import_mindformers, leaves, nested
+from helpers.mindformers.importer import (Imported, RecipeRefused, Refusal, Row, flat, import_mindformers, leaves,
+                                         nested)
 from helpers.mindformers.tryout import scaled
 
-__all__ = ["Imported", "Refusal", "Row", "config_yaml", "flat", "import_mindformers", "leaves", "nested",
+__all__ = ["Imported", "RecipeRefused", "Refusal", "Row", "config_yaml", "flat", "import_mindformers", "leaves", "nested",
            "read_yaml", "scaled"]

@@ -54,6 +54,14 @@ class Refusal:
         return f"{self.source}={_short(self.value)}: {self.why}"
 
 
+class RecipeRefused(ConfigError):
+    """The report of a recipe that cannot be imported: its message lists every refusal; `refusals` holds them."""
+
+    def __init__(self, message: str, refusals: list[Refusal]):
+        super().__init__(message)
+        self.refusals = refusals
+
+
 @dataclass
 class Imported:
     """A MindFormers YAML mapped: the workbook config (nested, as its YAML), the mapping table, and the
@@ -181,7 +189,7 @@ def import_mindformers(data: dict, reduce: bool = False, source: str = "the reci
         raise ConfigError("a MindFormers YAML must be a mapping of sections (model, runner_config, …)")
     arch = _architecture_refusal(data)
     if arch is not None:
-        raise ConfigError(f"{source} cannot be imported: {arch.line()} (its other keys were not checked)")
+        raise RecipeRefused(f"{source} cannot be imported: {arch.line()} (its other keys were not checked)", [arch])
     raw, rows, refusals = {}, [], []
     items = leaves(data)
     hf = _pretrained_config(data["pretrained_model_dir"]) if data.get("pretrained_model_dir") else None
@@ -204,15 +212,16 @@ def import_mindformers(data: dict, reduce: bool = False, source: str = "the reci
     if hard:
         lines = "; ".join(r.line() for r in hard) if len(hard) == 1 else "\n" + "\n".join(f"  - {r.line()}"
                                                                                         for r in hard)
-        raise ConfigError(f"{source}: {len(hard)} key{'s' * (len(hard) > 1)} cannot be honoured here (nothing "
-                          f"written): {lines}")
+        raise RecipeRefused(f"{source}: {len(hard)} key{'s' * (len(hard) > 1)} cannot be honoured here (nothing "
+                            f"written): {lines}", hard)
     reductions = [r for r in refusals if r.reduced]
     rows += [Row(r.source, r.value, f"--scale: {r.reduced}", r.why) for r in reductions]
     config = nested(dict(sorted(settings.items())))
     try:
         from_dict(config)
     except ConfigError as exc:
-        raise ConfigError(f"{source} maps onto a config the workbook refuses: {exc}") from None
+        raise RecipeRefused(f"{source} maps onto a config the workbook refuses: {exc}",
+                            [Refusal("(the imported config)", "", str(exc))]) from None
     return Imported(config, rows, reductions)
 
 
