@@ -142,8 +142,8 @@ RUN_KEYS: dict[str, tuple] = {
     "parallel_config.context_parallel": (one_process("context_parallel"), ""),
     "parallel_config.expert_parallel": (one_process("expert_parallel"), ""),
     "parallel_config.seq_split_num": (one_process("seq_split_num (sequence splitting)"), ""),
-    "parallel_config.use_seq_parallel": (
-        lambda v: one_process("use_seq_parallel (sequence parallel)")(2 if v else 1), ""),
+    "parallel_config.use_seq_parallel": (nothing, "sequence parallel splits the activations of tensor-parallel "
+                                                  "layers: nothing without model_parallel > 1 (refused on its own)"),
     "parallel_config.micro_batch_num": (nothing, "pipeline micro-batches: no pipeline here"),
     "parallel_config.vocab_emb_dp": (nothing, "the embedding is replicated (data parallel only)"),
     "parallel_config.gradient_aggregation_group": (nothing, "all-reduce fusion is parallel.comm_fusion"),
