@@ -221,7 +221,7 @@ def test_an_mcore_template_takes_its_dims_from_the_hugging_face_config_json(mcor
 
 def test_glm_turns_half_of_each_head_so_it_is_a_reduction_under_scale(recipe):
     glm = _set(recipe, "model.model_config.type", "ChatGLM2Config")
-    with pytest.raises(ConfigError, match="rotary positions turn 0.5 of each head here"):
+    with pytest.raises(ConfigError, match="rotary_pct=0.5: this family's rotary positions turn 0.5 of each head"):
         import_mindformers(glm)
     rows = import_mindformers(glm, reduce=True).rows
     assert any(r.ours == "--scale: rotary positions over whole heads" for r in rows)

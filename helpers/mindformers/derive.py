@@ -49,9 +49,9 @@ def _attention(raw: dict, out: dict, refusals: list) -> None:
                                                f"--scale PRESET for a try-out", "heads of d_model / n_head"))
     fraction = raw.get("mf.rotary_fraction")
     if fraction is not None and fraction != 1.0:
-        refusals.append((f"{M}type", fraction, f"rotary positions turn {fraction:g} of each head here; the "
-                                               f"workbook's turn whole heads; import with --scale PRESET for a "
-                                               f"try-out", "rotary positions over whole heads"))
+        refusals.append((f"{M}rotary_pct", fraction, f"this family's rotary positions turn {fraction:g} of each "
+                                                     f"head; the workbook's turn whole heads; import with --scale "
+                                                     f"PRESET for a try-out", "rotary positions over whole heads"))
     head_size = d_model // max(1, n_head)
     if out.get("model.attention") == "flash" and (head_size % 16 or out.get("model.dropout", 0.0) > 0):
         out["model.attention"] = "manual"
