@@ -259,8 +259,8 @@ def _refuse_unsupported(layout: Layout, settings: dict, where: str) -> None:
     kind = _rope(settings)["model.rope_scaling"]
     if kind not in ROPE_TYPES.values():
         raise WeightsError(f"init_from={where!r} scales its rotary positions with rope type {kind!r}, which the "
-                           f"workbook's model does not implement (model.rope_scaling: none or linear); use a checkpoint "
-                           f"without rope scaling or with linear scaling")
+                           f"workbook's model does not implement (model.rope_scaling: none or linear); use a "
+                           f"checkpoint without rope scaling or with linear scaling")
     act, heads = settings.get("hidden_act", "silu"), settings.get("num_attention_heads")
     if act != "silu":
         raise WeightsError(f"init_from={where!r} gates its MLP with hidden_act={act} and the workbook's SwiGLU "
