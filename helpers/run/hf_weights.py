@@ -80,17 +80,17 @@ GPT2 = Layout(
 )
 
 LLAMA_TENSORS = {
-        "embed_tokens.weight": ("tok.embedding_table", "same"),
-        "layers.{i}.input_layernorm.weight": ("blocks.{i}.norm1.weight", "same"),
-        "layers.{i}.self_attn.q_proj.weight": ("blocks.{i}.attn.q.weight", "same"),
-        "layers.{i}.self_attn.k_proj.weight": ("blocks.{i}.attn.k.weight", "same"),
-        "layers.{i}.self_attn.v_proj.weight": ("blocks.{i}.attn.v.weight", "same"),
-        "layers.{i}.self_attn.o_proj.weight": ("blocks.{i}.attn.proj.weight", "same"),
-        "layers.{i}.post_attention_layernorm.weight": ("blocks.{i}.norm2.weight", "same"),
-        "layers.{i}.mlp.gate_proj.weight": ("blocks.{i}.mlp.gate.weight", "same"),
-        "layers.{i}.mlp.up_proj.weight": ("blocks.{i}.mlp.up.weight", "same"),
-        "layers.{i}.mlp.down_proj.weight": ("blocks.{i}.mlp.down.weight", "same"),
-        "norm.weight": ("norm.weight", "same"),
+    "embed_tokens.weight": ("tok.embedding_table", "same"),
+    "layers.{i}.input_layernorm.weight": ("blocks.{i}.norm1.weight", "same"),
+    "layers.{i}.self_attn.q_proj.weight": ("blocks.{i}.attn.q.weight", "same"),
+    "layers.{i}.self_attn.k_proj.weight": ("blocks.{i}.attn.k.weight", "same"),
+    "layers.{i}.self_attn.v_proj.weight": ("blocks.{i}.attn.v.weight", "same"),
+    "layers.{i}.self_attn.o_proj.weight": ("blocks.{i}.attn.proj.weight", "same"),
+    "layers.{i}.post_attention_layernorm.weight": ("blocks.{i}.norm2.weight", "same"),
+    "layers.{i}.mlp.gate_proj.weight": ("blocks.{i}.mlp.gate.weight", "same"),
+    "layers.{i}.mlp.up_proj.weight": ("blocks.{i}.mlp.up.weight", "same"),
+    "layers.{i}.mlp.down_proj.weight": ("blocks.{i}.mlp.down.weight", "same"),
+    "norm.weight": ("norm.weight", "same"),
 }
 LLAMA_MODEL = {"model.norm": "rmsnorm", "model.bias": False, "model.qkv": "separate", "model.positions": "rope",
                "model.mlp": "swiglu"}
