@@ -252,7 +252,7 @@ class Config:
     keep_checkpoints: int = _knob(2, "how many recent checkpoints to keep", ge=1)
     resume_from: str = _knob("", "run directory or .ckpt file to continue from")
     init_from: str = _knob("", "Hugging Face weights to start from (step 1, fresh optimizer): a folder of "
-                               ".safetensors files or one file, GPT-2 layout; '' = random init")
+                               ".safetensors files or one file, GPT-2, LLaMA or Qwen2 layout; '' = random init")
 
     # Derived values: one home each, read everywhere.
     @property

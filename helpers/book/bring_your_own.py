@@ -45,8 +45,8 @@ def tryout_config(imported: Imported, preset: str, steps: int, corpus: str, batc
 
 
 def from_weights(cfg: Config, weights: str | Path) -> Config:
-    """cfg starting from a Hugging Face GPT-2- or LLaMA-layout checkpoint: its dims and knobs (`hf_weights.model_settings`)
-    and init_from."""
+    """cfg starting from a Hugging Face GPT-2-, LLaMA- or Qwen2-layout checkpoint: its dims and knobs
+    (`hf_weights.model_settings`) and init_from."""
     from helpers.run.hf_weights import model_settings
     return with_changes(cfg, {**model_settings(weights), "init_from": str(weights)})
 

@@ -8,10 +8,10 @@ Everything here is arithmetic, not measurement:
   MindSpore's `enable_parallel_optimizer`);
 - activations per layer (Korthikanti et al. 2022, 16-bit, tensor parallel without sequence parallel):
   s*b*h*(10 + 24/tp + 5*a*s/(h*tp)) bytes, where grouped-query attention keeps k and v (2*s*b*h each of the 24)
-  at kv/a of their size: 24 becomes 20 + 4*kv/a (kv = key/value heads, a = attention heads); with full recompute only each layer's input, 2*s*b*h bytes,
-  plus one layer's full set while it is recomputed; fp32 activations double it. With 1F1B pipelining the
-  first stage holds pp micro-batches of its n_layer/pp layers = n_layer layers' worth; plus fp32 logits
-  4*s*b*vocab/tp. Framework, workspace and fragmentation are not modelled.
+  at kv/a of their size: 24 becomes 20 + 4*kv/a (kv = key/value heads, a = attention heads); with full recompute
+  only each layer's input, 2*s*b*h bytes, plus one layer's full set while it is recomputed; fp32 activations
+  double it. With 1F1B pipelining the first stage holds pp micro-batches of its n_layer/pp layers = n_layer
+  layers' worth; plus fp32 logits 4*s*b*vocab/tp. Framework, workspace and fragmentation are not modelled.
 """
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ numpy's "Unable to allocate 37.3 GiB for an array with shape (100000, 100000)" a
 Every figure is a lower bound in bytes. T = model.seq_len, B = batch_size (sequences per forward/backward pass,
 all data-parallel ranks together), H = model.n_head, L = model.n_layer, d = model.d_model, kv = the width of k and of
 v (model.n_kv_head × d/H; d without grouped-query attention), h = the MLP's width (model.ffn_hidden), m = its
-weight matrices (3 for SwiGLU, else 2), P = parallel.data_parallel processes, V = the vocabulary where the config fixes it (model.vocab_size; data.vocab_size for bpe; 256 for byte; a
-char vocabulary is known only from the corpus, so it is left out), 4 bytes per float32, a = 2 bytes per activation
+weight matrices (3 for SwiGLU, else 2), P = parallel.data_parallel processes, V = the vocabulary where the config
+fixes it (model.vocab_size; data.vocab_size for bpe; 256 for byte; a char vocabulary is known only from the corpus,
+so it is left out), 4 bytes per float32, a = 2 bytes per activation
 under AMP (amp_level O1-O3), else 4:
 
 - causal masks (`run/model.py`, CausalSelfAttention): every layer builds `np.triu(np.full((T, T), -1e4, float32))`

@@ -6,7 +6,10 @@ model settings it needs, and its config.json keys that name our settings. GPT-2'
 nn.Dense stores [out, in]; its wpe holds n_positions rows where our `pos` holds model.seq_len (the first rows are
 the ones a shorter context uses). LLaMA's Linear weights are [out, in] as ours; Hugging Face stores its q/k rows in
 the 'rotate half' order that `model.positions: rope` uses, so no permutation is needed; its head is untied
-(`model.tie_head: false`) unless tie_word_embeddings says otherwise. safetensors' NumPy API only: no torch.
+(`model.tie_head: false`) unless tie_word_embeddings says otherwise; num_key_value_heads < num_attention_heads is
+grouped-query attention (`model.n_kv_head`). Qwen2 is LLaMA's layout with a bias on q, k and v (`model.qkv_bias`).
+The rotary settings come from rope_theta/rope_scaling, or from transformers 5's rope_parameters, which holds both.
+safetensors' NumPy API only: no torch.
 """
 from __future__ import annotations
 
@@ -67,7 +70,7 @@ GPT2 = Layout(
         "ln_f.bias": ("norm.beta", "same"),
     },
     model={"model.norm": "layernorm", "model.bias": True, "model.qkv": ("fused", "fused_slice"),
-           "model.positions": "learned", "model.tie_head": True},
+           "model.positions": "learned", "model.tie_head": True, "model.n_kv_head": 0},
     settings={"n_layer": "model.n_layer", "n_head": "model.n_head", "n_embd": "model.d_model",
               "vocab_size": "model.vocab_size"},
     prefix="transformer.",
@@ -76,33 +79,49 @@ GPT2 = Layout(
     activations={"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"},
 )
 
+LLAMA_TENSORS = {
+    "embed_tokens.weight": ("tok.embedding_table", "same"),
+    "layers.{i}.input_layernorm.weight": ("blocks.{i}.norm1.weight", "same"),
+    "layers.{i}.self_attn.q_proj.weight": ("blocks.{i}.attn.q.weight", "same"),
+    "layers.{i}.self_attn.k_proj.weight": ("blocks.{i}.attn.k.weight", "same"),
+    "layers.{i}.self_attn.v_proj.weight": ("blocks.{i}.attn.v.weight", "same"),
+    "layers.{i}.self_attn.o_proj.weight": ("blocks.{i}.attn.proj.weight", "same"),
+    "layers.{i}.post_attention_layernorm.weight": ("blocks.{i}.norm2.weight", "same"),
+    "layers.{i}.mlp.gate_proj.weight": ("blocks.{i}.mlp.gate.weight", "same"),
+    "layers.{i}.mlp.up_proj.weight": ("blocks.{i}.mlp.up.weight", "same"),
+    "layers.{i}.mlp.down_proj.weight": ("blocks.{i}.mlp.down.weight", "same"),
+    "norm.weight": ("norm.weight", "same"),
+}
+LLAMA_MODEL = {"model.norm": "rmsnorm", "model.bias": False, "model.qkv": "separate", "model.positions": "rope",
+               "model.mlp": "swiglu"}
+# the rotary settings are read by `_rope`, from rope_theta/rope_scaling or rope_parameters
+LLAMA_SETTINGS = {"num_hidden_layers": "model.n_layer", "num_attention_heads": "model.n_head",
+                  "num_key_value_heads": "model.n_kv_head", "hidden_size": "model.d_model",
+                  "vocab_size": "model.vocab_size", "intermediate_size": "model.mlp_hidden",
+                  "rms_norm_eps": "model.rms_eps", "tie_word_embeddings": "model.tie_head"}
 LLAMA = Layout(
     name="LLaMA",
     marker="self_attn.q_proj.weight",
-    tensors={
-        "embed_tokens.weight": ("tok.embedding_table", "same"),
-        "layers.{i}.input_layernorm.weight": ("blocks.{i}.norm1.weight", "same"),
-        "layers.{i}.self_attn.q_proj.weight": ("blocks.{i}.attn.q.weight", "same"),
-        "layers.{i}.self_attn.k_proj.weight": ("blocks.{i}.attn.k.weight", "same"),
-        "layers.{i}.self_attn.v_proj.weight": ("blocks.{i}.attn.v.weight", "same"),
-        "layers.{i}.self_attn.o_proj.weight": ("blocks.{i}.attn.proj.weight", "same"),
-        "layers.{i}.post_attention_layernorm.weight": ("blocks.{i}.norm2.weight", "same"),
-        "layers.{i}.mlp.gate_proj.weight": ("blocks.{i}.mlp.gate.weight", "same"),
-        "layers.{i}.mlp.up_proj.weight": ("blocks.{i}.mlp.up.weight", "same"),
-        "layers.{i}.mlp.down_proj.weight": ("blocks.{i}.mlp.down.weight", "same"),
-        "norm.weight": ("norm.weight", "same"),
-    },
-    model={"model.norm": "rmsnorm", "model.bias": False, "model.qkv": "separate", "model.positions": "rope",
-           "model.mlp": "swiglu"},
-    settings={"num_hidden_layers": "model.n_layer", "num_attention_heads": "model.n_head",
-              "hidden_size": "model.d_model", "vocab_size": "model.vocab_size", "intermediate_size": "model.mlp_hidden",
-              "rms_norm_eps": "model.rms_eps", "rope_theta": "model.rope_theta",
-              "tie_word_embeddings": "model.tie_head"},
+    tensors=LLAMA_TENSORS,
+    model={**LLAMA_MODEL, "model.qkv_bias": False},
+    settings=LLAMA_SETTINGS,
     prefix="model.",
     ignored=("rotary_emb.inv_freq",),
     embedding="embed_tokens.weight",
 )
-LAYOUTS = (GPT2, LLAMA)
+QWEN2 = Layout(
+    name="Qwen2",
+    marker="self_attn.q_proj.bias",
+    tensors={**LLAMA_TENSORS, **{f"layers.{{i}}.self_attn.{n}_proj.bias": (f"blocks.{{i}}.attn.{n}.bias", "same")
+                                 for n in "qkv"}},
+    model={**LLAMA_MODEL, "model.qkv_bias": True},
+    settings=LLAMA_SETTINGS,
+    prefix="model.",
+    ignored=("rotary_emb.inv_freq",),
+    embedding="embed_tokens.weight",
+)
+LAYOUTS = (GPT2, QWEN2, LLAMA)  # Qwen2 before LLaMA: its names are LLaMA's and the q,k,v biases
+ROPE_TYPES = {"default": "none", "linear": "linear"}  # Hugging Face rope_type → model.rope_scaling
 
 
 def _to_ours(transform: str, theirs: np.ndarray, seq_len: int) -> np.ndarray:
@@ -180,13 +199,31 @@ def names_of(path: str | Path) -> list[str]:
     return names
 
 
+def _rope(settings: dict) -> dict:
+    """The rotary settings of a config.json: transformers 5's rope_parameters (rope_type, rope_theta, factor, …),
+    else rope_theta and rope_scaling; Hugging Face's defaults (theta 10000, no scaling) where it names none.
+    model.rope_scaling holds the file's rope_type as it is when the workbook has no such scaling."""
+    params = {**(settings.get("rope_scaling") or {}), **(settings.get("rope_parameters") or {})}
+    if any(isinstance(v, dict) for v in params.values()):  # one set per attention type (Gemma-style)
+        return {"model.rope_scaling": f"per-layer-type ({', '.join(params)})"}
+    kind = params.get("rope_type", params.get("type", "default"))
+    out = {"model.rope_theta": float(params.get("rope_theta", settings.get("rope_theta", 10000.0))),
+           "model.rope_scaling": ROPE_TYPES.get(kind, kind)}
+    if kind == "linear":
+        out["model.rope_scaling_factor"] = float(params.get("factor", 1.0))
+    return out
+
+
 def _file_model(layout: Layout, settings: dict) -> dict:
-    """The workbook settings the file's config.json names (GPT-2's activation → model.mlp, then dims and knobs)."""
+    """The workbook settings the file's config.json names (GPT-2's activation → model.mlp, then dims and knobs, and
+    a rotary layout's rope settings)."""
     out = {}
     if layout.activations:
         act = settings.get("activation_function", "gelu_new")
         out["model.mlp"] = layout.activations.get(act, act)
     out.update({ours: settings[theirs] for theirs, ours in layout.settings.items() if theirs in settings})
+    if settings and layout.model.get("model.positions") == "rope":
+        out.update(_rope(settings))
     return out
 
 
@@ -195,9 +232,11 @@ def model_settings(path: str | Path) -> dict:
     names), as {dotted key: value} for `config.with_changes`."""
     names = names_of(path)
     layout = layout_of(names, str(path))
+    settings = file_settings(path)
+    _refuse_unsupported(layout, settings, str(path))
     fixed = {k: v[0] if isinstance(v, tuple) else v for k, v in layout.model.items()}
-    out = {"model.preset": "custom", **fixed, **_file_model(layout, file_settings(path))}
-    if layout is LLAMA and "model.tie_head" not in out:  # no config.json: a head of its own when the file has one
+    out = {"model.preset": "custom", **fixed, **_file_model(layout, settings)}
+    if "model.tie_head" not in out:  # no config.json: a head of its own when the file has one
         out["model.tie_head"] = not any(n.endswith(layout.head) for n in names)
     return out
 
@@ -213,37 +252,53 @@ def layout_of(names: list[str], where: str) -> Layout:
 
 
 def _refuse_unsupported(layout: Layout, settings: dict, where: str) -> None:
-    """What a LLaMA config.json may ask that the model cannot do: grouped k,v heads, a scaled rotary context."""
-    kv, heads = settings.get("num_key_value_heads"), settings.get("num_attention_heads")
-    if kv is not None and heads is not None and kv != heads:
-        raise WeightsError(f"init_from={where!r} uses grouped-query attention (num_key_value_heads={kv} < "
-                           f"num_attention_heads={heads}), which the workbook's model does not have; use a "
-                           f"checkpoint with one k,v head per q head")
-    if settings.get("rope_scaling"):
-        raise WeightsError(f"init_from={where!r} stretches its rotary context (rope_scaling="
-                           f"{settings['rope_scaling']}), which model.positions=rope does not; use an unscaled "
-                           f"checkpoint")
+    """What a LLaMA or Qwen2 config.json may ask that the model cannot do: a rotary scaling other than linear, another
+    MLP activation, a head size of its own, biases beyond q, k, v, a sliding attention window."""
+    if layout.model.get("model.positions") != "rope" or not settings:
+        return
+    kind = _rope(settings)["model.rope_scaling"]
+    if kind not in ROPE_TYPES.values():
+        raise WeightsError(f"init_from={where!r} scales its rotary positions with rope type {kind!r}, which the "
+                           f"workbook's model does not implement (model.rope_scaling: none or linear); use a "
+                           f"checkpoint without rope scaling or with linear scaling")
+    act, heads = settings.get("hidden_act", "silu"), settings.get("num_attention_heads")
+    if act != "silu":
+        raise WeightsError(f"init_from={where!r} gates its MLP with hidden_act={act} and the workbook's SwiGLU "
+                           f"(model.mlp=swiglu) with silu; use a checkpoint whose hidden_act is silu")
+    head_dim, hidden = settings.get("head_dim"), settings.get("hidden_size")
+    if head_dim and heads and hidden and head_dim * heads != hidden:
+        raise WeightsError(f"init_from={where!r} has heads of head_dim={head_dim} and hidden_size={hidden} / "
+                           f"num_attention_heads={heads} = {hidden / heads:g}; the workbook's heads are "
+                           f"d_model/n_head wide: use a checkpoint with head_dim × num_attention_heads = hidden_size")
+    extra = [k for k in ("attention_bias", "mlp_bias", "use_sliding_window") if settings.get(k)]
+    if extra:
+        raise WeightsError(f"init_from={where!r} sets {', '.join(f'{k}=true' for k in extra)}, which the workbook's "
+                           f"model does not have (model.qkv_bias puts a bias on q, k, v only); use a checkpoint "
+                           f"without them")
 
 
-def mismatched(layout: Layout, m: ModelConfig, settings: dict) -> list[str]:
+def mismatched(layout: Layout, m: ModelConfig, settings: dict, vocab: int = 0) -> list[str]:
     """The settings (key=value) the model must change to match a checkpoint of `layout` whose config.json holds
-    `settings`; [] when it matches. Dims the weights' shapes check are left to `to_ours`."""
+    `settings`; [] when it matches. vocab: the vocabulary the model was built with (its model.vocab_size when 0)."""
     wanted = {**layout.model, **_file_model(layout, settings)}
-    for key in ("model.d_model", "model.n_layer", "model.vocab_size"):
-        wanted.pop(key, None)
     wrong = []
     for key, want in wanted.items():
-        have = m.ffn_hidden if key == "model.mlp_hidden" else getattr(m, key.split(".", 1)[1])
+        name = key.split(".", 1)[1]
+        have = {"mlp_hidden": m.ffn_hidden, "n_kv_head": m.kv_heads, "vocab_size": vocab or m.vocab_size}.get(
+            name, getattr(m, name))
+        if name == "n_kv_head":  # 0 and n_head are both multi-head attention
+            want = want or settings.get("num_attention_heads", m.n_head)
         if have not in (want if isinstance(want, tuple) else (want,)):
             value = want[0] if isinstance(want, tuple) else want
             wrong.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
     return wrong
 
 
-def check_model(layout: Layout, m: ModelConfig, settings: dict, where: str) -> None:
-    """One WeightsError line naming the settings to change when the model does not match the checkpoint."""
+def check_model(layout: Layout, m: ModelConfig, settings: dict, where: str, vocab: int = 0) -> None:
+    """One WeightsError line naming every setting to change when the model does not match the checkpoint (vocab: the
+    vocabulary the model was built with)."""
     _refuse_unsupported(layout, settings, where)
-    wrong = mismatched(layout, m, settings)
+    wrong = mismatched(layout, m, settings, vocab)
     if wrong:
         what = f" (activation {settings.get('activation_function', 'gelu_new')})" if layout.activations else ""
         raise WeightsError(f"init_from={where!r} is a {layout.name} checkpoint{what}; the model must match it: set "
@@ -298,7 +353,7 @@ def load_into(net, cfg_model: ModelConfig, path: str) -> Loaded:
     tensors = read_tensors(path)
     layout = layout_of(list(tensors), path)
     settings = file_settings(path)
-    check_model(layout, cfg_model, settings, path)
+    check_model(layout, cfg_model, settings, path, getattr(net, "vocab_size", 0))
     params = {p.name: p for p in net.get_parameters()}
     ours = to_ours(tensors, layout, {k: p.shape for k, p in params.items()}, cfg_model, path)
     for name, value in ours.items():
@@ -315,8 +370,9 @@ def layout_for(m: ModelConfig) -> Layout:
         if not mismatched(layout, m, own) and (not layout.activations or m.mlp in layout.activations.values()):
             return layout
     raise WeightsError("this run's model has no Hugging Face layout: GPT-2 needs model.norm=layernorm, model.bias=true, "
-                       "fused q,k,v, learned positions, a tied head and a GELU MLP; LLaMA needs model.norm=rmsnorm, "
-                       "model.bias=false, model.qkv=separate, model.positions=rope and model.mlp=swiglu")
+                       "fused q,k,v, learned positions, a tied head, a GELU MLP and model.n_kv_head=0; LLaMA (Qwen2 "
+                       "with model.qkv_bias=true) needs model.norm=rmsnorm, model.bias=false, model.qkv=separate, "
+                       "model.positions=rope and model.mlp=swiglu")
 
 
 def from_ours(params: dict[str, np.ndarray], m: ModelConfig) -> dict[str, np.ndarray]:
@@ -337,14 +393,27 @@ def _activation(layout: Layout, mlp: str) -> str:
     return next((act for act, ours in layout.activations.items() if ours == mlp), mlp)
 
 
+def _rope_config(m: ModelConfig) -> dict:
+    """The rotary settings as config.json keys: transformers 5's rope_parameters, and rope_theta/rope_scaling for
+    older readers."""
+    linear = m.rope_scaling == "linear"
+    scaling = {"rope_type": "linear", "factor": m.rope_scaling_factor} if linear else None
+    return {"rope_theta": m.rope_theta, "rope_scaling": scaling,
+            "rope_parameters": {"rope_type": "linear" if linear else "default", "rope_theta": m.rope_theta,
+                                **({"factor": m.rope_scaling_factor} if linear else {})}}
+
+
 def hf_config(m: ModelConfig, vocab: int) -> dict:
-    """The config.json Hugging Face's GPT-2 or LLaMA classes read for these dims."""
-    if layout_for(m) is LLAMA:
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
-                "hidden_size": m.d_model, "intermediate_size": m.ffn_hidden, "num_hidden_layers": m.n_layer,
-                "num_attention_heads": m.n_head, "num_key_value_heads": m.n_head, "hidden_act": "silu",
-                "max_position_embeddings": m.seq_len, "rms_norm_eps": m.rms_eps, "rope_theta": m.rope_theta,
-                "tie_word_embeddings": m.tie_head, "attention_bias": False}
+    """The config.json Hugging Face's GPT-2, LLaMA or Qwen2 classes read for these dims."""
+    layout = layout_for(m)
+    if layout in (LLAMA, QWEN2):
+        kind = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
+                "mlp_bias": False} if layout is LLAMA else \
+            {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": False}
+        return {**kind, "vocab_size": vocab, "hidden_size": m.d_model, "intermediate_size": m.ffn_hidden,
+                "num_hidden_layers": m.n_layer, "num_attention_heads": m.n_head, "num_key_value_heads": m.kv_heads,
+                "head_dim": m.d_model // m.n_head, "hidden_act": "silu", "max_position_embeddings": m.seq_len,
+                "rms_norm_eps": m.rms_eps, **_rope_config(m), "tie_word_embeddings": m.tie_head}
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,
             "n_positions": m.seq_len, "n_ctx": m.seq_len, "n_embd": m.d_model, "n_layer": m.n_layer,
             "n_head": m.n_head, "n_inner": m.ffn_hidden, "activation_function": _activation(GPT2, m.mlp),

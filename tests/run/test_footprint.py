@@ -17,6 +17,6 @@ def test_weight_terms_count_grouped_kv_heads_and_an_untied_head():
         by_what["the block weights with their gradients and AdamW moments"]
     norms = (2 * m.n_layer + 1) * m.d_model  # RMSNorm gains: the only parameters outside the matrices
     assert weights == 4 * 4 * (model_params(m, 50) - norms)
-    kv = m.d_model // m.n_head  # one k,v head: k and v are 16 values wide, q 64, so per token and layer 6·64 + 2·16 + 2·h
+    kv = m.d_model // m.n_head  # one k,v head: k and v 16 values wide, q 64; per token and layer 6·64 + 2·16 + 2·h
     assert by_what["the activations kept for backward"] == (
         m.n_layer * (6 * m.d_model + 2 * kv + 2 * m.ffn_hidden) * cfg.batch_size * m.seq_len * 4)

@@ -238,10 +238,22 @@ def test_llama_export_then_import_is_the_identity(tmp_path):
 
 def test_llama_files_the_model_cannot_take_are_refused_in_one_line(tmp_path):
     m = _llama_model(_llama_folder(tmp_path / "ok"))
-    message = _refusal(tmp_path / "gqa", llama_tensors(), m, settings={**LLAMA_CONFIG, "num_key_value_heads": 1})
-    assert "grouped-query attention (num_key_value_heads=1 < num_attention_heads=2)" in message
     message = _refusal(tmp_path / "theta", llama_tensors(), m, settings={**LLAMA_CONFIG, "rope_theta": 10000.0})
     assert message.endswith("the model must match it: set model.rope_theta=10000.0")
+    for rope, kind in (({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+                       ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "dynamic"),
+                       ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "llama3")):
+        message = _refusal(tmp_path / kind, llama_tensors(), m, settings={**LLAMA_CONFIG, **rope})
+        assert f"scales its rotary positions with rope type '{kind}'" in message
+        assert message.endswith("use a checkpoint without rope scaling or with linear scaling")
+        with pytest.raises(WeightsError, match=f"rope type '{kind}'"):  # on import of its settings too
+            model_settings(tmp_path / kind)
+    assert "hidden_act=gelu" in _refusal(tmp_path / "gelu", llama_tensors(), m,
+                                          settings={**LLAMA_CONFIG, "hidden_act": "gelu"})
+    assert "sets attention_bias=true" in _refusal(tmp_path / "bias", llama_tensors(), m,
+                                                  settings={**LLAMA_CONFIG, "attention_bias": True})
+    assert "head_dim=8" in _refusal(tmp_path / "head_dim", llama_tensors(), m,
+                                    settings={**LLAMA_CONFIG, "head_dim": 8})
     tied = _llama_model(_llama_folder(tmp_path / "tied", **{"tie_word_embeddings": True}))
     assert "differs from its token embedding" in _refusal(tmp_path / "untied", llama_tensors(), tied,
                                                           settings={**LLAMA_CONFIG, "tie_word_embeddings": True})
@@ -297,3 +309,28 @@ def test_training_continues_from_exported_weights(tmp_path, small_corpus):
     assert abs(b["val_loss"] - a["val_loss"]) < 1e-5
     assert b["loss_first"] < a["loss_first"] - 0.5
     assert b["init_from"]["layout"] == "GPT-2" and b["init_from"]["path"] == str(folder)
+
+
+def test_a_mismatch_names_every_key_to_set_in_one_line(tmp_path):
+    """Layers, k,v heads and the rotary base of transformers 5's rope_parameters, all in one line."""
+    m = _llama_model(_llama_folder(tmp_path / "ok"))
+    file = {k: v for k, v in LLAMA_CONFIG.items() if k != "rope_theta"}
+    file.update(num_hidden_layers=3, num_key_value_heads=1,
+                rope_parameters={"rope_type": "linear", "rope_theta": 5e5, "factor": 2.0})
+    message = _refusal(tmp_path / "other", llama_tensors(), m, settings=file)
+    assert message.endswith("the model must match it: set model.n_layer=3 model.n_kv_head=1 model.rope_theta=500000.0 "
+                            "model.rope_scaling=linear model.rope_scaling_factor=2.0")
+
+
+def test_rope_parameters_give_the_theta_and_scaling(tmp_path):
+    """transformers 5 writes rope_theta inside rope_parameters only; before, such a file read as theta 10000."""
+    file = {k: v for k, v in LLAMA_CONFIG.items() if k != "rope_theta"}
+    folder = _llama_folder(tmp_path / "v5")
+    (folder / "config.json").write_text(json.dumps({**file, "rope_parameters": {"rope_type": "default",
+                                                                                 "rope_theta": 5e5}}))
+    wanted = model_settings(folder)
+    assert (wanted["model.rope_theta"], wanted["model.rope_scaling"]) == (5e5, "none")
+    (folder / "config.json").write_text(json.dumps({**file, "rope_scaling": {"type": "linear", "factor": 4.0}}))
+    wanted = model_settings(folder)  # no theta anywhere: Hugging Face's default
+    assert (wanted["model.rope_theta"], wanted["model.rope_scaling"], wanted["model.rope_scaling_factor"]) == (
+        10000.0, "linear", 4.0)
