@@ -4,7 +4,7 @@ one arm loads the graph and the other, locked out of the folder, compiles it), `
 `both loaded` (each arm loads its own copy of the warm folder: the rule a suite-wide cache would need). Per launch:
 the candidate ÷ reference mean step time over all measured steps, and which arm loaded its graph.
 
-    python bench/compile_state_probe.py [--trials 6] [--states "cache on,cache off"] [--out docs/data/compile_state_aa.json]
+    python bench/compile_state_probe.py [--trials 6] [--states "cache on,cache off"] [--out docs/data/<today>-compile-state-aa.json]
 
 Needs a clean tree (the record names its commit); run it with nothing else running.
 """
@@ -17,6 +17,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from datetime import date
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -75,7 +76,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=6)
     p.add_argument("--states", default="cache on,cache off", help=f"comma-separated, of: {', '.join(STATES)}")
-    p.add_argument("--out", type=Path, default=BENCH.parent / "docs" / "data" / "compile_state_aa.json")
+    p.add_argument("--out", type=Path,  # dated: a rerun never overwrites committed evidence
+                   default=BENCH.parent / "docs" / "data" / f"{date.today():%Y-%m-%d}-compile-state-aa.json")
     args = p.parse_args(argv)
     states = [x.strip() for x in args.states.split(",")]
     if not states or any(x not in STATES for x in states):

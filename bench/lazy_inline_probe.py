@@ -3,7 +3,7 @@ seconds (solo runs, each in a fresh process, off and on in turn) and to the step
 in two processes taking turns step by step, as a round measures, the arm order swapped every trial), and whether
 the losses stay the same.
 
-    python bench/lazy_inline_probe.py [--trials 3] [--presets tiny,nano,small] [--out docs/data/lazy_inline.json]
+    python bench/lazy_inline_probe.py [--trials 3] [--presets tiny,nano,small] [--out docs/data/<today>-lazy-inline.json]
 
 Needs a clean tree (the record names its commit); run it with nothing else running.
 """
@@ -15,6 +15,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from datetime import date
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -69,7 +70,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--presets", default=",".join(PRESETS))
-    p.add_argument("--out", type=Path, default=BENCH.parent / "docs" / "data" / "lazy_inline.json")
+    p.add_argument("--out", type=Path,  # dated: a rerun never overwrites committed evidence
+                   default=BENCH.parent / "docs" / "data" / f"{date.today():%Y-%m-%d}-lazy-inline.json")
     args = p.parse_args(argv)
     presets = [x.strip() for x in args.presets.split(",")]
     if not presets or any(x not in PRESETS for x in presets):

@@ -3,7 +3,7 @@ data-parallel run goes on after its ranks have written their rank files (msrun w
 merge), with this checkout's scheduler and with an earlier commit's (MindSpore's own 5 s wait), launches taking
 turns.
 
-    python bench/msrun_tail_probe.py [--before 72f8fe4^] [--trials 3] [--out docs/data/msrun_tail.json]
+    python bench/msrun_tail_probe.py [--before 72f8fe4^] [--trials 3] [--out docs/data/<today>-msrun-tail.json]
 
 The earlier commit is checked out into a temporary worktree. Both train with MindSpore's ops (model.kernels:
 mindspore: a worktree has no native build). Needs a clean tree (the record names its commit); run it with nothing
@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from datetime import date
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -57,7 +58,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--before", default="72f8fe4^", help="the commit whose scheduler waits as MindSpore's does")
     p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "msrun_tail.json")
+    p.add_argument("--out", type=Path,  # dated: a rerun never overwrites committed evidence
+                   default=REPO / "docs" / "data" / f"{date.today():%Y-%m-%d}-msrun-tail.json")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="msrun_tail_"))
     before = work / "before"

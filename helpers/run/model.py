@@ -322,7 +322,7 @@ class ReusedBlock(Block):
     """A Block whose graph MindSpore builds once and reuses for every block (model.lazy_inline): inlined again at
     the front end ("front", the only policy the CPU backend runs), so the steps run the same graph. On CPU, medians
     of three fresh processes: compile ×0.77 (tiny), ×0.86 (nano), ×0.66 (small); steps ×0.98–×1.01 paired; losses
-    as a rerun of the same config (docs/data/session24_lazy_inline.json)."""
+    as a rerun of the same config (docs/data/2026-12-04-lazy-inline.json)."""
 
     @ms.lazy_inline(policy="front")
     def __init__(self, cfg: ModelConfig, proj_std: float, native: bool):

@@ -185,7 +185,7 @@ PEAK_STALE_S = 24 * 3600.0  # older than a day: co-tenants, governor and backgro
 OTHERS_LIMIT_CORES = 0.25
 # A peak measured under load is tried again at most this often until one try runs quiet: under steady load (a
 # round's two arms, a test suite) every run had measured it again, 2-10 s each (388 s of a 918-s suite's runs,
-# docs/data/session23_peak_remeasures.json), and time-to-target arms paid it inside their wall seconds.
+# docs/data/2026-12-03-peak-remeasures.json), and time-to-target arms paid it inside their wall seconds.
 PEAK_RETRY_S = 600.0
 PEAK_LOADED_PER_CORE = 0.75  # where /proc/stat cannot be read: 1-min load average per core above which it counts
 

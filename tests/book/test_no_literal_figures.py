@@ -115,3 +115,49 @@ def test_diagnosis_advice_predicts_no_verdict():
     advice += [fix for row in rows for fix in row["fix"]]
     words = re.compile(r"\bwin\b|rises to", re.IGNORECASE)
     assert [a for a in advice if typed_outcomes(a) or words.search(a)] == []
+
+
+# A figure in markdown: a number with a unit, a ratio or a share. It may stand only where the notebook itself holds
+# it: in a code cell (a parameter or default the reader can change) or in an output of the committed copy.
+FIGURE = re.compile(rf"[×x]\s?{_NUM}|{_NUM}\s?(?:%|×|x\b|ms\b|s\b|min\b|[KMGT]i?B\b|GFLOP/s|tokens/s)", re.IGNORECASE)
+
+
+def _outputs_text(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        parts.append("".join(out.get("text", "")))
+        parts += ["".join(v) if isinstance(v, list) else str(v) for k, v in out.get("data", {}).items()
+                  if k.startswith("text/")]
+    return "\n".join(parts)
+
+
+def unheld_figures(cells: list[dict]) -> list[str]:
+    """Each figure a markdown cell states that no code cell and no output of the notebook holds."""
+    held = "\n".join("".join(c["source"]) + "\n" + _outputs_text(c) for c in cells if c["cell_type"] == "code")
+    held_numbers = set(re.findall(_NUM, held))
+    return [f"cell {i}: {m.group(0)!r}" for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+            for m in FIGURE.finditer("".join(c["source"])) if re.search(_NUM, m.group(0)).group(0) not in held_numbers]
+
+
+@pytest.mark.parametrize("notebook", sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
+def test_markdown_states_no_figure_the_notebook_does_not_hold(notebook):
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    assert unheld_figures(cells) == [], f"{notebook.name}: figures in markdown that no cell computes or sets"
+
+
+def _cell(kind: str, source: str, output: str = "") -> dict:
+    cell = {"cell_type": kind, "source": [source]}
+    if kind == "code":
+        cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": [output]}] if output else []
+    return cell
+
+
+@pytest.mark.parametrize("claim", ["the step takes 41.0 ms", "tokens/s ×0.63", "a 35% data wait"])
+def test_a_planted_figure_fails_and_a_held_one_passes(claim):
+    planted = [_cell("code", "steps = 50", "ok · 50 steps"), _cell("markdown", f"Here {claim}.")]
+    assert unheld_figures(planted), claim
+    figure = re.search(_NUM, claim).group(0)
+    held = [_cell("code", "print(step)", f"measured: {figure}"), _cell("markdown", f"Here {claim}.")]
+    assert unheld_figures(held) == []
+    parameter = [_cell("code", f"limit = {figure}  # a default"), _cell("markdown", f"Here {claim}.")]
+    assert unheld_figures(parameter) == []
