@@ -280,8 +280,6 @@ def cmd_autotune(args) -> int:
     return 0
 
 
-
-
 def cmd_export(args) -> int:
     """A run's model (its last checkpoint, or a .ckpt) → a Hugging Face GPT-2- or LLaMA-layout folder."""
     from helpers.run.checkpoints import damage, damaged_line, resume_source
@@ -293,9 +291,7 @@ def cmd_export(args) -> int:
                           f"one) or one of its checkpoints/step_N.ckpt files") from None
     why = damage(ckpt)
     if why:
-        raise ConfigError(damaged_line(ckpt, why, run_dir).replace("resume from it with: python -m helpers resume "
-                                                                   f"{run_dir} --checkpoint", "export it with: "
-                                                                   "python -m helpers export"))
+        raise ConfigError(damaged_line(ckpt, why, run_dir, export_to=args.out))
     load_run(run_dir)  # the layout comes from the run's config: a checkpoint outside a run record is one line
     _claim_output(args.out, args.replace, "an export", lambda p: any(p.glob("*.safetensors")) or
                   (p / "config.json").exists())
@@ -542,10 +538,15 @@ def main(argv: list[str] | None = None) -> int:
     expect is one line too (exit 1), its traceback with WORKBOOK_TRACEBACK=1."""
     args = parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # inside the try: a reader that left shows here, not as a traceback at exit
+        return code
     except KNOWN_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left (`show run | head`): stop quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:  # a run's own Ctrl-C is answered where it trains (`_run`); this is any other
         print(f"interrupted: {args.command} stopped by Ctrl-C", file=sys.stderr)
         return 130

@@ -98,14 +98,17 @@ def checkpoint_files(run_dir: str | os.PathLike) -> list[Path]:
     return sorted((Path(run_dir) / CHECKPOINTS_DIR).glob("step_*.ckpt"))
 
 
-def damaged_line(ckpt: Path, why: str, run_dir: Path) -> str:
-    """The one line refusing a resume from the damaged `ckpt`: why, and the newest intact checkpoint to resume from
-    instead (its command), or that none is left."""
+def damaged_line(ckpt: Path, why: str, run_dir: Path, export_to: str | None = None) -> str:
+    """The one line refusing a resume (or, with `export_to`, an export into that folder) from the damaged `ckpt`:
+    why, and the newest intact checkpoint to use instead (its command), or that none is left."""
     older = [p for p in reversed(checkpoint_files(run_dir)) if checkpoint_step(p) < checkpoint_step(ckpt)]
     intact = next((p for p in older if not damage(p)), None)
     if intact is None:
         way = (f"no intact checkpoint is left in {run_dir}/checkpoints; train it again into another --out folder "
                f"(or with --replace)")
+    elif export_to is not None:
+        way = (f"the newest intact one is {intact.name} (the model after step {checkpoint_step(intact)}): export "
+               f"it with: python -m helpers export {intact} --out {export_to}")
     else:
         way = (f"the newest intact one is {intact.name}: resume from it with: python -m helpers resume {run_dir} "
                f"--checkpoint {intact} (steps {checkpoint_step(intact) + 1}–{checkpoint_step(ckpt)} train again)")
