@@ -1,14 +1,16 @@
-"""`make bench`: the bench items (bench/*_item.py, bench/*_items.py; bench/registry.py) and README's tables.
+"""`make bench`: the bench items (bench/*_item.py, bench/*_items.py; bench/registry.py) and the tables of
+docs/benchmarks.md.
 
     python bench/bench.py ITEM|all [options]   measure; one record per item, <results>/<item>.json (default
                                                bench/records/, kept in git), holding the commit, the date, the
                                                command, the machine, the load before and during, every raw
                                                measurement, the table rows and each must's and goal's status
-    python bench/bench.py table [--write]      README's tables from the committed records (--write: into README)
+    python bench/bench.py table [--write]      the tables of docs/benchmarks.md from the committed records
+                                               (--write: into that page)
 
 Exit status: 0 when every must measured was met; 1 when one was missed, measured outside its condition (invalid), or
 an item measured nothing, one line each on stderr; 2 for arguments that would measure nothing or name an unknown
-condition, one line, before anything runs. Writing to bench/records/ also regenerates README's tables.
+condition, one line, before anything runs. Writing to bench/records/ also regenerates docs/benchmarks.md's tables.
 """
 from __future__ import annotations
 
@@ -24,14 +26,14 @@ import table  # noqa: E402
 from helpers.record import atomic_write_json  # noqa: E402
 from provenance import RECORDS, Provenance  # noqa: E402
 
-README = BENCH.parent / "README.md"
+PAGE = BENCH.parent / "docs" / "benchmarks.md"
 
 
 def parser(registered: dict[str, registry.Item]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("item", choices=["all", "table", *registered], help="an item, all of them, or README's tables")
+    p.add_argument("item", choices=["all", "table", *registered], help="an item, all of them, or the tables of docs/benchmarks.md")
     p.add_argument("--results", type=Path, default=RECORDS, help="folder of the records (default bench/records)")
-    p.add_argument("--write", action="store_true", help="table: write the tables into README.md")
+    p.add_argument("--write", action="store_true", help="table: write the tables into docs/benchmarks.md")
     registry.add_options(p, registered)
     return p
 
@@ -45,9 +47,9 @@ def measure(item: registry.Item, args: argparse.Namespace, argv: list[str]) -> d
 
 
 def write_table(folder: Path, registered: dict[str, registry.Item]) -> str:
-    """Put the tables generated from `folder` into README; returns them."""
+    """Put the tables generated from `folder` into docs/benchmarks.md; returns them."""
     block = table.generated(folder, registered)
-    README.write_text(table.with_block(README.read_text(encoding="utf-8"), block), encoding="utf-8")
+    PAGE.write_text(table.with_block(PAGE.read_text(encoding="utf-8"), block), encoding="utf-8")
     return block
 
 

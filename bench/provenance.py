@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RECORDS = REPO / "bench" / "records"  # committed result files (README's table is generated from them)
+RECORDS = REPO / "bench" / "records"  # committed result files (docs/benchmarks.md's table is generated from them)
 
 
 class LoadSampler:

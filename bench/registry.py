@@ -3,8 +3,8 @@
 Every module `bench/*_item.py` or `bench/*_items.py` declares its items as `ITEMS = [Item(...)]`: how it runs,
 its command-line options, the table rows its result gives, and its checks — each a **must** (a miss, or a
 measurement made outside the condition it needs, fails `make bench`) or a **goal** (reported only). `bench.py` runs
-the items and exits by these checks; README's generated tables (bench/table.py) list the same checks with their
-status in the committed records. So adding an item, with its musts, is one new module.
+the items and exits by these checks; the generated tables of docs/benchmarks.md (bench/table.py) list the same
+checks with their status in the committed records. So adding an item, with its musts, is one new module.
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ class Judgement:
 class Check:
     """A must or a goal of one item.
 
-    limit: the limit as README shows it (one line); judge: result → Judgement; miss: a result this check calls
-    missed (every must has one: the proof that it can fail, tests/test_bench_table.py).
+    limit: the limit as docs/benchmarks.md shows it (one line); judge: result → Judgement; miss: a result this check
+    calls missed (every must has one: the proof that it can fail, tests/test_bench_table.py).
     """
     kind: str
     limit: str
@@ -53,7 +53,7 @@ class Item:
     """One bench item.
 
     run: parsed arguments → result (a JSON-able dict holding every raw measurement behind its figures);
-    rows: result → [(what, result text)] rows of README's measured table; checks: its musts and goals (at least
+    rows: result → [(what, result text)] rows of the measured table; checks: its musts and goals (at least
     one: an item whose checks are all "not measured" measured nothing, and fails); options: argparse
     (flags, kwargs) it reads (a flag shared by two items must be declared alike); check_args: arguments → the line
     saying why they would measure nothing or name an unknown condition ("" when fine); in_all: part of `all`.

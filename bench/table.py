@@ -1,6 +1,6 @@
-"""README's bench tables, generated from the committed records (bench/records/*.json) and the registry's checks:
-`python bench/bench.py table` prints them, `--write` puts them between README's markers. tests/test_bench_table.py
-fails when README's copy differs (a figure edited by hand, a record added or removed without regenerating)."""
+"""docs/benchmarks.md's bench tables, generated from the committed records (bench/records/*.json) and the registry's
+checks: `python bench/bench.py table` prints them, `--write` puts them between the page's markers. tests/test_bench_table.py
+fails when the page's copy differs (a figure edited by hand, a record added or removed without regenerating)."""
 from __future__ import annotations
 
 import json
@@ -76,25 +76,26 @@ def generated(folder: Path, registered: dict[str, Item]) -> str:
             f"{measured_table(records)}\n{END}")
 
 
-def readme_block(text: str) -> str | None:
-    """README's generated block (markers included), or None when it has none."""
+def page_block(text: str) -> str | None:
+    """the page's generated block (markers included), or None when it has none."""
     start, end = text.find(BEGIN), text.find(END)
     return text[start:end + len(END)] if start >= 0 and end > start else None
 
 
 def with_block(text: str, block: str) -> str:
     """`text` with its generated block replaced by `block` (the markers must be there)."""
-    old = readme_block(text)
+    old = page_block(text)
     if old is None:
-        raise ValueError(f"README has no generated bench block (put the markers {BEGIN!r} … {END!r} where it goes)")
+        raise ValueError(f"docs/benchmarks.md has no generated bench block (put the markers {BEGIN!r} … {END!r} "
+                         f"where it goes)")
     return text.replace(old, block)
 
 
 def difference(text: str, folder: Path, registered: dict[str, Item]) -> str:
     """'' when `text`'s block is what the records generate; else the first differing line of each, in one line."""
-    block, want = readme_block(text), generated(folder, registered)
+    block, want = page_block(text), generated(folder, registered)
     if block is None:
-        return "README has no generated bench block"
+        return "docs/benchmarks.md has no generated bench block"
     if block == want:
         return ""
     have_lines, want_lines = block.splitlines(), want.splitlines()
@@ -102,5 +103,5 @@ def difference(text: str, folder: Path, registered: dict[str, Item]) -> str:
                                                                                          len(want_lines)))
     have = have_lines[i] if i < len(have_lines) else "(end)"
     expected = want_lines[i] if i < len(want_lines) else "(end)"
-    return (f"README's bench tables differ from bench/records at line {i + 1} of the block: README has {have!r}, "
-            f"the records give {expected!r}; run `python bench/bench.py table --write`")
+    return (f"docs/benchmarks.md's bench tables differ from bench/records at line {i + 1} of the block: the page "
+            f"has {have!r}, the records give {expected!r}; run `python bench/bench.py table --write`")

@@ -392,7 +392,9 @@ def add_config_arguments(p: argparse.ArgumentParser, what: str = "YAML config") 
 
 def add_progress_argument(p: argparse.ArgumentParser, default: str) -> None:
     """--progress bar|json|log|none."""
-    p.add_argument("--progress", choices=PROGRESS_KINDS, default=default)
+    p.add_argument("--progress", choices=PROGRESS_KINDS, default=default,
+                   help="how progress shows: a bar, JSON lines, log lines, or nothing (default: a bar on a "
+                        "terminal, log lines otherwise)")
 
 
 def add_replace_argument(p: argparse.ArgumentParser, what: str = "run record") -> None:

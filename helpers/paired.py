@@ -16,7 +16,7 @@ Interference from other processes adds time to both arms of a pair, so pairing c
 during which other processes used the most CPU (measured from /proc, outside the arms: `foreign_cores`) may be
 dropped whole, at most `trim` of the pairs. Which pairs go is decided by that outside measurement alone, never by
 the pair's own times, so no arm's own stalls can be trimmed away (trimming the slowest ratios, as this module
-once did with the blocks' 2nd-fastest steps, dropped exactly those: see docs/reliability.md, "The speed rule").
+once did with the blocks' 2nd-fastest steps, dropped exactly those: see docs/explanation/speed-rule.md).
 
 Beside the ratio, `parts` splits each arm's mean step into its data wait (where measured), its compute (the
 `rank`-th fastest of each block's steps less their waits: what a step costs when nothing stalls it) and its

@@ -1,5 +1,5 @@
-"""README's bench tables are generated from the committed records; every record carries its provenance; musts can
-fail, goals are called goals, a quiet condition under load is invalid, and a bench that would measure nothing
+"""docs/benchmarks.md's bench tables are generated from the committed records; every record carries its provenance;
+musts can fail, goals are called goals, a quiet condition under load is invalid, and a bench that would measure nothing
 fails in one line."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import table  # noqa: E402
 from provenance import RECORDS  # noqa: E402
 
 ITEMS = registry.items()
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "benchmarks.md"
 
 
 def _bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -27,17 +27,17 @@ def _bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 def test_readmes_bench_tables_are_the_ones_the_committed_records_generate():
-    assert table.difference(README.read_text(encoding="utf-8"), RECORDS, ITEMS) == ""
+    assert table.difference(PAGE.read_text(encoding="utf-8"), RECORDS, ITEMS) == ""
 
 
 def test_a_figure_edited_by_hand_in_readme_fails_the_comparison():
-    text = README.read_text(encoding="utf-8")
-    block = table.readme_block(text)
+    text = PAGE.read_text(encoding="utf-8")
+    block = table.page_block(text)
     digit = re.search(r"\d", block.split("\n", 1)[1])  # the first figure after the marker line
     at = len(block.split("\n", 1)[0]) + 1 + digit.start()
     edited = block[:at] + str((int(block[at]) + 1) % 10) + block[at + 1:]
     why = table.difference(text.replace(block, edited), RECORDS, ITEMS)
-    assert why.startswith("README's bench tables differ from bench/records at line ") and why.endswith(
+    assert why.startswith("docs/benchmarks.md's bench tables differ from bench/records at line ") and why.endswith(
         "run `python bench/bench.py table --write`"), why
 
 
@@ -51,7 +51,7 @@ def test_every_must_can_fail_every_goal_is_a_goal_and_an_empty_result_measured_n
         assert {j["status"] for j in judged} == {registry.NOT_MEASURED}, item.name
         assert registry.failures(item, judged)[0].startswith(f"{item.name}: measured nothing (")
     block = table.generated(RECORDS, ITEMS)
-    for item in ITEMS.values():  # README's checks table names each check's kind beside its limit
+    for item in ITEMS.values():  # the checks table names each check's kind beside its limit
         for check in item.checks:
             assert f"| {item.name} | {check.kind} | {table._cell(check.limit)} |" in block
 

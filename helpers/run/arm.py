@@ -3,7 +3,7 @@
 Each arm of a speed round is a process of its own (helpers/spawn/stepped.py): its own MindSpore context (so the
 arms may differ in process-wide settings: op threads, execution mode, the dataset engine's), its own memory (its
 peak is its own), and no other model in it. Two arms built in one process ran differently by the order they were
-compiled in: an A/A round leaned toward the arm compiled first (docs/reliability.md, "The speed rule"). While one
+compiled in: an A/A round leaned toward the arm compiled first (docs/explanation/speed-rule.md). While one
 arm steps, the other waits on its socket, frozen by its parent, its input pipeline held by its data gate
 (data.DataGate) so it reads no batch ahead that a run of its own would have had to wait for.
 

@@ -13,7 +13,7 @@ Memory: `rss_bytes` and ru_maxrss are the process's, which here holds both arms.
 up and evaluated once *before the reference exists*, so the process high-water at that point is the candidate's
 own peak (build, compile, steady steps, the eval graph): that is what the memory gate judges. The reference's
 peak is estimated as the RSS before any model was built plus the high-water it added on top of the candidate;
-it only enters the printed memory ratio. See docs/reliability.md ("Memory in a paired round").
+it only enters the printed memory ratio. See docs/explanation/speed-rule.md ("Memory in a round").
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def _first_graph() -> None:
     """Compile and run a throwaway one-layer Cell before either arm exists. Measured here (tiny preset, three
     identical Trainers in one process, ABBA-rotated blocks): the first graph a process compiles ran 3–14% faster
     per step than the later ones in every try (so an A/A said "keep" for the arm built first); with a throwaway
-    graph compiled first, the arms differed by −2.7% to +1.9% (see docs/reliability.md)."""
+    graph compiled first, the arms differed by −2.7% to +1.9% (see docs/explanation/speed-rule.md)."""
     import mindspore as ms
     import numpy as np
     from mindspore import nn
