@@ -1,0 +1,118 @@
+"""The docs: the site builds with `mkdocs build --strict` (every link and anchor resolves), the generated reference
+pages are what the code generates, every command block runs as written (or is marked `# example`, and then its
+`python -m helpers` lines still parse and its `make` targets exist), the README stays short and quotes its verdict
+and wall time from the committed record, and no tracked name or page speaks of how the work was organised."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import docs_pages
+from helpers.cli import parser
+from tests.conftest import REPO
+
+README = REPO / "README.md"
+PAGES = sorted((REPO / "docs").rglob("*.md"))
+EXAMPLE = "# example"
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.M | re.S)
+
+
+def command_blocks(path: Path) -> list[tuple[str, str]]:
+    """(first line, the block's text) of each ```bash block of a Markdown file."""
+    return [(body.split("\n", 1)[0], body) for lang, body in FENCE.findall(path.read_text(encoding="utf-8"))
+            if lang in ("bash", "sh", "shell")]
+
+
+def commands(block: str) -> list[list[str]]:
+    """The block's commands as argument lists: continuation lines joined, comments dropped."""
+    return [words for line in block.replace("\\\n", " ").splitlines()
+            if (words := shlex.split(line, comments=True))]
+
+
+def test_the_site_builds_strictly_with_every_link_and_anchor_resolving(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "site" / "reference" / "config" / "index.html").is_file()
+
+
+def test_the_generated_reference_pages_are_what_the_code_generates():
+    assert docs_pages.stale() == [], "run `python -m helpers.docs_pages --write`"
+
+
+def test_a_knob_added_without_regenerating_makes_its_page_stale(tmp_path):
+    docs_pages.write(tmp_path)
+    assert docs_pages.stale(tmp_path) == []
+    page = tmp_path / "reference" / "config.md"
+    page.write_text(page.read_text(encoding="utf-8").replace("| `steps` |", "| `stepz` |"), encoding="utf-8")
+    assert docs_pages.stale(tmp_path) == ["reference/config.md"]
+
+
+def test_every_relative_link_of_the_readme_resolves():
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8")):
+        if "://" not in target:
+            assert (REPO / target).exists(), target
+
+
+def test_example_blocks_name_real_commands_flags_and_make_targets():
+    targets = set(re.findall(r"^([a-z][\w-]*):", (REPO / "Makefile").read_text(encoding="utf-8"), re.M))
+    checked = 0
+    for path in [README, *PAGES]:
+        for first, block in command_blocks(path):
+            if first.strip() != EXAMPLE and not first.startswith(EXAMPLE + " "):
+                continue
+            for words in commands(block):
+                if words[0] == "make":
+                    assert set(w for w in words[1:] if "=" not in w) <= targets, (path.name, words)
+                elif "helpers" in words and words[words.index("helpers") - 1] == "-m":
+                    args = words[words.index("helpers") + 1:]
+                    try:
+                        parser().parse_args(args)
+                    except SystemExit:
+                        pytest.fail(f"{path.relative_to(REPO)}: `python -m helpers {' '.join(args)}` does not parse")
+                checked += 1
+    assert checked >= 20
+
+
+@pytest.mark.slow
+def test_every_command_block_not_marked_as_an_example_runs_as_written(tmp_path):
+    """A page's blocks in order, in a fresh folder of its own holding the repository's configs and venv, as a user
+    reading that page in a checkout would run them."""
+    ran = []
+    for path in [README, *PAGES]:
+        home = tmp_path / path.relative_to(REPO).with_suffix("").as_posix().replace("/", "_")
+        home.mkdir()
+        for name in ("configs", ".venv"):
+            (home / name).symlink_to(REPO / name)
+        for first, block in command_blocks(path):
+            if first.startswith(EXAMPLE):
+                continue
+            proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=home, capture_output=True,
+                                  text=True, timeout=600, env=dict(os.environ, GLOG_v="3"))
+            assert proc.returncode == 0, f"{path.relative_to(REPO)}:\n{block}\n{proc.stderr[-2000:]}"
+            ran.append(path.name)
+    assert len(ran) >= 4, ran
+
+
+def test_the_readme_is_short_and_quotes_its_verdict_and_wall_time_from_the_committed_record():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    record = json.loads((REPO / "bench" / "records" / "workbook.json").read_text(encoding="utf-8"))
+    verdict = " ".join(re.search(r"```text\n(.*?)```", text, re.S).group(1).split())
+    assert verdict == " ".join(record["result"]["rounds"]["data"]["reason"].split())
+    assert f"`make workbook` took {record['result']['wall_s']:.0f} s" in text
+
+
+def test_no_tracked_name_or_page_speaks_of_how_the_work_was_organised():
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert [p for p in tracked.splitlines() if "session" in p.lower()] == []
+    prose = [README, *PAGES, *sorted((REPO / "notebooks").glob("*.ipynb"))]
+    assert [p.name for p in prose if "session" in p.read_text(encoding="utf-8").lower()] == []
