@@ -1,5 +1,5 @@
 """`make bench` item `ttq`: wall time to a target validation loss, nanoGPT's recipe against
-the recipe the auto-tuner finds (issue 16).
+the recipe the auto-tuner finds.
 
 1. The target and the reference: nanoGPT's own recipe (configs/nano.yaml + NANOGPT_RECIPE, `iters` iterations)
    trained by this project once per seed; the target is the worse seed's final validation loss (nats/token), and

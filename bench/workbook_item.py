@@ -1,7 +1,7 @@
 """`make bench` item `workbook`: `make workbook` with default parameters (the main job): wall seconds, exit status,
 each notebook's seconds (from its log line), the 1-minute load average before and throughout (the workbook's own
 training included), how often a kernel warned that it runs over TCP without encryption, and what the report's
-workbook decided in the two rounds issue 25 named: notebook 02's data round and notebook 05's batch round."""
+workbook decided in two rounds: notebook 02's data round and notebook 05's batch round."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,7 @@ from helpers.book.notebooks import NOTEBOOKS_DIR, notebook_parameters
 from helpers.tune.rounds import Workbook
 
 REPO = Path(__file__).resolve().parent.parent
-WORKBOOK_LIMIT_S = 360  # `make workbook` wall seconds (issue 12: ≤ 6 min)
+WORKBOOK_LIMIT_S = 360  # `make workbook` wall seconds (≤ 6 min)
 TCP_WARNING = "Kernel is running over TCP without encryption"  # ipykernel's warning when a kernel's transport is tcp
 
 
