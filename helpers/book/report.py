@@ -129,8 +129,12 @@ def break_even_table(compiled: dict[str, list[RunRecord]], others: dict[str, lis
 
 
 def changes_text(changes: dict) -> str:
-    """{'batch_size': (12, 24)} → 'batch_size 12 → 24'."""
-    return ", ".join(f"{k} {a} → {b}" for k, (a, b) in changes.items())
+    """{'batch_size': (12, 24)} → 'batch_size 12 → 24'; floats to 4 significant digits ('lr 0.001 → 0.001414')
+    unless that would print two different values alike."""
+    def pair(a, b) -> tuple[str, str]:
+        short = tuple(f"{v:.4g}" if isinstance(v, float) else str(v) for v in (a, b))
+        return short if short[0] != short[1] or a == b else (repr(a), repr(b))
+    return ", ".join(f"{k} {' → '.join(pair(a, b))}" for k, (a, b) in changes.items())
 
 
 def verdict_text(result) -> str:

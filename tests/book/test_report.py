@@ -201,3 +201,9 @@ def test_before_after_table_shows_mib_and_percent():
                                                     "best": 809856, "ratio": 1.0}]).to_html()
     assert "809856.0" not in report.before_after_table([{"metric": "p", "unit": "parameters", "baseline": 809856,
                                                         "best": 809856, "ratio": 1.0}]).to_html()
+
+
+def test_a_change_prints_floats_to_four_digits_unless_that_hides_the_change():
+    text = report.changes_text({"batch_size": (12, 24), "lr": (0.001, 0.0014142135623730952),
+                                "min_lr": (0.0001, 0.0001414213562373095), "eps": (1.00001e-8, 1e-8)})
+    assert text == "batch_size 12 → 24, lr 0.001 → 0.001414, min_lr 0.0001 → 0.0001414, eps 1.00001e-08 → 1e-08"
