@@ -1,4 +1,4 @@
-"""Every path a user hands the API or the CLI means what it means in the user's working directory (issue 14.1).
+"""Every path a user hands the API or the CLI means what it means in the user's working directory.
 
 The training child runs with the repository as its working directory; before the fix a relative workbook
 folder was resolved once by the caller and once by the child, so runs landed elsewhere and the baseline read

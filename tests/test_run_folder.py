@@ -1,4 +1,4 @@
-"""No command overwrites a run record (issue 30): training again into the --out of a finished run is refused in one
+"""No command overwrites a run record: training again into the --out of a finished run is refused in one
 line before any file is touched; --replace moves the old record aside whole; a config whose arrays cannot fit in
 memory is refused before MindSpore is imported."""
 from __future__ import annotations

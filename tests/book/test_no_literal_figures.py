@@ -68,7 +68,7 @@ def test_notebook_sources_type_in_no_figures_or_verdicts(notebook):
                       f"cut them):\n" + "\n".join(hits))
 
 
-# The sentences issue 26 found in the notebooks (copies, as they stood): the check must refuse every one.
+# Sentences the notebooks once held (copies, as they stood): the check must refuse every one.
 ISSUE_SENTENCES = {
     "nb02 thousands of samples": "On this CPU the default pipeline (pre-tokenized text, one map worker) produces "
                                  "thousands of samples per second, far more than training consumes",

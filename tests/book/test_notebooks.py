@@ -247,7 +247,7 @@ def test_workbook_run_writes_a_report(tmp_path, small_corpus):
 @pytest.mark.slow
 def test_every_notebook_runs_from_its_folder_with_its_own_defaults(notebooks_run):
     """As a user opens them: cwd = the notebooks' folder, every default as written (relative folders included);
-    only the model preset, step count and seeds are made small (issue 14.1: 12 of 14 notebooks failed like this)."""
+    only the model preset, step count and seeds are made small."""
     root, failures = notebooks_run
     assert failures == {}
     # The default folders are relative to the notebooks: the workbook and the DP runs sit next to them.
@@ -298,7 +298,7 @@ def test_every_notebook_runs_from_its_folder_with_its_own_defaults(notebooks_run
 
 @pytest.mark.slow
 def test_time_to_quality_runs_a_speed_record_lever_by_time_to_target_with_its_curve(notebooks_run):
-    """14 (issue 28): the lever round (rotary positions by default) is judged by wall seconds to the target, each
+    """14: the lever round (rotary positions by default) is judged by wall seconds to the target, each
     arm's seeds in it, and its validation-loss-against-wall-seconds curve is in the executed copy."""
     from helpers.tune.rounds import Workbook
     root, failures = notebooks_run

@@ -1,6 +1,6 @@
 """Native kernels and formulation knobs against MindSpore's own ops, in graph mode, values and gradients.
 
-Tolerances (issue 13): native kernels match values to 1e-5 relative and gradients to 1e-4. The absolute floor on
+Tolerances: native kernels match values to 1e-5 relative and gradients to 1e-4. The absolute floor on
 GELU values (1e-6) is MindSpore's own rounding: its GeLU computes 1 + erf(x/√2) in fp32, which is a multiple of
 6e-8 below x ≈ −5, so its tail values are quantised (0 or ±1.6e-7 at x = −5.5) while the kernel's erfc form is exact.
 """

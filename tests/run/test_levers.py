@@ -1,4 +1,4 @@
-"""The speed-record levers (issue 28) against plain NumPy references on small inputs, and a short real run of each:
+"""The speed-record levers against plain NumPy references on small inputs, and a short real run of each:
 Newton–Schulz (Muon), rotary positions, QK-norm, ReLU², zero-initialised projections, the logit soft-cap and the
 warm-up–stable–decay schedule."""
 from __future__ import annotations
