@@ -31,7 +31,8 @@ PAGE = BENCH.parent / "docs" / "benchmarks.md"
 
 def parser(registered: dict[str, registry.Item]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("item", choices=["all", "table", *registered], help="an item, all of them, or the tables of docs/benchmarks.md")
+    p.add_argument("item", choices=["all", "table", *registered],
+                   help="an item, all of them, or the tables of docs/benchmarks.md")
     p.add_argument("--results", type=Path, default=RECORDS, help="folder of the records (default bench/records)")
     p.add_argument("--write", action="store_true", help="table: write the tables into docs/benchmarks.md")
     registry.add_options(p, registered)

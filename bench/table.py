@@ -1,6 +1,7 @@
 """docs/benchmarks.md's bench tables, generated from the committed records (bench/records/*.json) and the registry's
-checks: `python bench/bench.py table` prints them, `--write` puts them between the page's markers. tests/test_bench_table.py
-fails when the page's copy differs (a figure edited by hand, a record added or removed without regenerating)."""
+checks: `python bench/bench.py table` prints them, `--write` puts them between the page's markers.
+tests/test_bench_table.py fails when the page's copy differs (a figure edited by hand, a record added or removed
+without regenerating)."""
 from __future__ import annotations
 
 import json
@@ -77,7 +78,7 @@ def generated(folder: Path, registered: dict[str, Item]) -> str:
 
 
 def page_block(text: str) -> str | None:
-    """the page's generated block (markers included), or None when it has none."""
+    """The page's generated block (markers included), or None when it has none."""
     start, end = text.find(BEGIN), text.find(END)
     return text[start:end + len(END)] if start >= 0 and end > start else None
 

@@ -689,8 +689,8 @@ def speed_measured(cfg: Config, changed: Any = ()) -> Config:
     compile cache off), unless the comparison is about the cache (`changed`, keys or a changes dict, holds one of
     CACHE_KEYS). A process that loaded its graph from the cache stepped faster than one that compiled the same graph
     (same losses): its steps took ×0.89–×0.92 of the time on the tiny preset, ×0.95–×0.97 on nano, so an A/A round
-    whose arms raced for the cache called one arm 10% slower every time (docs/explanation/speed-rule.md, "One compile
-    state")."""
+    whose arms raced for the cache called one arm 10% slower every time (docs/explanation/speed-rule.md, "One
+    compile state")."""
     return cfg if any(k in CACHE_KEYS for k in changed) or not cfg.compile_cache \
         else with_changes(cfg, {"compile_cache": False})
 

@@ -64,10 +64,14 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def troubleshooting_table() -> list[dict]:
+    """Every row of troubleshooting.yaml: symptom, when (the findings that show it), causes, checks, fix."""
+    return yaml.safe_load(TROUBLESHOOTING.read_text(encoding="utf-8"))
+
+
 def troubleshooting_rows(findings: list[str]) -> list[dict]:
     """Rows of troubleshooting.yaml whose `when` names any of `findings`."""
-    rows = yaml.safe_load(TROUBLESHOOTING.read_text(encoding="utf-8"))
-    return [r for r in rows if set(r["when"]) & set(findings)]
+    return [r for r in troubleshooting_table() if set(r["when"]) & set(findings)]
 
 
 def _data_evidence(rows: list[dict], th: Thresholds) -> dict:

@@ -3,10 +3,11 @@ both arms in each rank of one msrun launch (the all-reduce fusion of a data-para
 
 Processes (helpers/spawn/stepped.py): each arm a process of its own, so the arms may differ in what MindSpore
 sets once per process (op threads, the execution mode, the dataset engine) and no arm runs beside another model
-(two arms built in one process ran differently by the order they were compiled in: docs/explanation/speed-rule.md). Paired
-(helpers/spawn/paired.py): what differs per compiled graph in a data-parallel run, both arms in every rank of
-one msrun launch (two launches cannot take turns step by step). Whole runs remain for what only a run of its own
-shows: the compile cache (its effect is at start-up), msrun's data-parallel processes and the profiler.
+(two arms built in one process ran differently by the order they were compiled in:
+docs/explanation/speed-rule.md). Paired (helpers/spawn/paired.py): what differs per compiled graph in a
+data-parallel run, both arms in every rank of one msrun launch (two launches cannot take turns step by step).
+Whole runs remain for what only a run of its own shows: the compile cache (its effect is at start-up), msrun's
+data-parallel processes and the profiler.
 """
 from __future__ import annotations
 
