@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_text, run_cli, snapshot, tiny_args
+from tests.conftest import REPO, make_text, run_cli, snapshot, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,24 @@ def world(tmp_path_factory) -> dict[str, Path]:
              "params_unknown.yaml": b"stpes: 10\n"}
     for name, content in yamls.items():
         (tmp / name).write_bytes(content)
+    legacy = (REPO / "configs" / "examples" / "llama2_7b_mindformers.yaml").read_text(encoding="utf-8")
+    recipes = {"multiple_of_0": ("multiple_of: 256", "multiple_of: 0"),
+               "multiple_of_fraction": ("multiple_of: 256", "multiple_of: 2.5"),
+               "ffn_multiplier_nan": ("multiple_of: 256", "multiple_of: 256\n    ffn_dim_multiplier: .nan"),
+               "warmup_nan": ("warmup_ratio: 0.01", "warmup_ratio: .nan"),
+               "layers_true": ("num_layers: 32", "num_layers: true")}
+    for name, (old, new) in recipes.items():
+        assert old in legacy, old
+        (tmp / f"{name}.yaml").write_text(legacy.replace(old, new), encoding="utf-8")
+    w["legacy"] = REPO / "configs" / "examples" / "llama2_7b_mindformers.yaml"
+    w["hand_written"] = tmp / "hand_written.yaml"
+    w["hand_written"].write_text("# my own config\nsteps: 10\n", encoding="utf-8")
     return w
+
+
+def import_config(w, recipe: str) -> list[str]:
+    """`import-config` argv of the legacy example with one value changed (see `world`) into a new file."""
+    return ["import-config", str(w["tmp"] / f"{recipe}.yaml"), "--out", str(w["tmp"] / f"{recipe}_out.yaml")]
 
 
 _fresh = itertools.count()
@@ -220,6 +237,20 @@ CASES = {
                                                  str(w["tmp"] / "c.yaml")], 2, ["nope.yaml"], None),
     "import-config: source not YAML": (lambda w: ["import-config", str(w["tmp"] / "broken.yaml"), "--out",
                                                   str(w["tmp"] / "c.yaml")], 2, ["YAML"], None),
+    "import-config: multiple_of 0": (lambda w: import_config(w, "multiple_of_0"), 2,
+                                     ["model.model_config.multiple_of=0", "whole number ≥ 1"], None),
+    "import-config: multiple_of a fraction": (lambda w: import_config(w, "multiple_of_fraction"), 2,
+                                              ["multiple_of=2.5", "whole number"], None),
+    "import-config: ffn_dim_multiplier NaN": (lambda w: import_config(w, "ffn_multiplier_nan"), 2,
+                                              ["ffn_dim_multiplier=nan", "finite number > 0"], None),
+    "import-config: warm-up NaN": (lambda w: import_config(w, "warmup_nan"), 2, ["warmup_ratio=nan", ">= 0"], None),
+    "import-config: num_layers true": (lambda w: import_config(w, "layers_true"), 2,
+                                       ["num_layers=True", "whole number"], None),
+    "import-config: --out a folder": (lambda w: ["import-config", str(w["legacy"]), "--out", str(w["foreign"])], 2,
+                                      ["is a folder"], "foreign"),
+    "import-config: --out an existing file": (lambda w: ["import-config", str(w["legacy"]), "--out",
+                                                         str(w["hand_written"])], 2,
+                                              ["already exists", "--replace"], "hand_written"),
     # autotune and workbook
     "autotune: budget 0": (lambda w: ["autotune", "--budget-min", "0", "--out", str(w["tmp"] / "at")], 2,
                            ["budget"], None),

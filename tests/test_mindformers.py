@@ -107,6 +107,26 @@ def test_every_refusal_is_reported_at_once_each_with_why(recipe):
 
 
 @pytest.mark.parametrize("key, value, line", [
+    ("model.model_config.num_layers", 2.5, "num_layers=2.5: must be a whole number, not 2.5"),
+    ("model.model_config.num_layers", True, "num_layers=True: must be a whole number, not True"),
+    ("runner_config.batch_size", 2.5, "batch_size=2.5: must be a whole number, not 2.5"),
+    ("model.model_config.multiple_of", 0, "multiple_of=0: must be a whole number ≥ 1, not 0"),
+    ("model.model_config.multiple_of", -256, "multiple_of=-256: must be a whole number ≥ 1"),
+    ("model.model_config.ffn_dim_multiplier", float("nan"), "ffn_dim_multiplier=nan: must be a finite number > 0"),
+    ("model.model_config.ffn_dim_multiplier", -1.0, "ffn_dim_multiplier=-1.0: must be a finite number > 0"),
+])
+def test_a_count_or_factor_that_would_be_cut_or_divide_by_zero_is_refused_even_under_scale(recipe, key, value, line):
+    """int(2.5) is 2 and int(True) is 1: a count is read whole or refused, never cut; the SwiGLU width's factors
+    must be > 0 (multiple_of 0 divided by zero, -256 gave 10752 wide instead of 11008)."""
+    for reduce in (False, True):
+        with pytest.raises(ConfigError, match="1 key cannot be honoured") as err:
+            import_mindformers(_set(recipe, key, value), reduce=reduce)
+        assert line in str(err.value), str(err.value)
+    m = from_dict(import_mindformers(_set(recipe, "model.model_config.num_layers", 32.0)).config).model
+    assert (m.n_layer, m.mlp_hidden) == (32, 11008)  # 32.0 is whole; LLaMA-2-7B's width from multiple_of 256
+
+
+@pytest.mark.parametrize("key, value, line", [
     ("parallel_config.pipeline_stage", 4, "pipeline_stage (pipeline stages) splits the model over several devices"),
     ("parallel_config.model_parallel", 2, "model_parallel (tensor parallel) splits the model"),
     ("moe_config.expert_num", 8, "mixture of experts is not in the workbook's model"),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from helpers.mindformers.values import Refused, compute_dtype, flag, nothing, off, one_process, only, to, unless_none
+from helpers.mindformers.values import (Refused, at_least, compute_dtype, flag, nothing, off, one_process, only,
+                                       positive, to, unless_none)
 
 M = "model.model_config."
 
@@ -129,10 +130,11 @@ MODEL_KEYS: dict[str, tuple] = {
     "vocab_size": (to("model.vocab_size", int), ""), "padded_vocab_size": (to("model.vocab_size", int), ""),
     "intermediate_size": (unless_none("model.mlp_hidden", int), ""),
     "ffn_hidden_size": (unless_none("model.mlp_hidden", int), ""),
-    "expand_ratio": (to("mf.expand_ratio", int), "GPT-2: MLP width = expand_ratio × hidden_size"),
-    "multiple_of": (to("mf.multiple_of", int), "LLaMA's SwiGLU width: ⌈(2/3·4·hidden_size × ffn_dim_multiplier) / "
-                                               "multiple_of⌉ × multiple_of, unless intermediate_size names it"),
-    "ffn_dim_multiplier": (unless_none("mf.ffn_dim_multiplier", float), "see multiple_of"),
+    "expand_ratio": (at_least("mf.expand_ratio", 1), "GPT-2: MLP width = expand_ratio × hidden_size"),
+    "multiple_of": (at_least("mf.multiple_of", 1), "LLaMA's SwiGLU width: ⌈(2/3·4·hidden_size × "
+                                                   "ffn_dim_multiplier) / multiple_of⌉ × multiple_of, unless "
+                                                   "intermediate_size names it"),
+    "ffn_dim_multiplier": (positive("mf.ffn_dim_multiplier"), "see multiple_of"),
     "head_dim": (unless_none("mf.head_dim", int), "must be hidden_size / num_attention_heads here"),
     "kv_channels": (unless_none("mf.head_dim", int), "head size; must be hidden_size / num_heads here"),
     "embedding_size": (nothing, "TeleChat's embedding multiplier layout option"),

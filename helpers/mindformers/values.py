@@ -5,6 +5,7 @@ are combined later by `derive`), or raises `Refused` with why the value cannot b
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 Convert = Callable[[Any], dict]
@@ -20,14 +21,48 @@ class Refused(Exception):
         self.reduced = reduced
 
 
+def whole(v: Any) -> int:
+    """A whole number: an int, a float without a fraction (32.0) or a string of one. A fraction or true/false is
+    refused rather than cut (int(2.5) is 2, int(True) is 1)."""
+    if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+        raise Refused(f"must be a whole number, not {v!r}")
+    return int(v)
+
+
+def _read(kind: type) -> Callable[[Any], Any]:
+    return whole if kind is int else kind
+
+
 def to(key: str, kind: type = str) -> Convert:
-    """The value, converted by `kind`, sets `key`."""
-    return lambda v: {key: kind(v)}
+    """The value, converted by `kind` (int: `whole`), sets `key`."""
+    return lambda v: {key: _read(kind)(v)}
 
 
 def unless_none(key: str, kind: type = str) -> Convert:
     """As `to`, but null (or the string 'None') sets nothing."""
-    return lambda v: {} if v in (None, "None", "none") else {key: kind(v)}
+    return lambda v: {} if v in (None, "None", "none") else {key: _read(kind)(v)}
+
+
+def at_least(key: str, least: int) -> Convert:
+    """A whole number ≥ `least` sets `key` (a factor the import multiplies or divides by)."""
+    def read(v):
+        n = whole(v)
+        if n < least:
+            raise Refused(f"must be a whole number ≥ {least}, not {v!r}")
+        return {key: n}
+    return read
+
+
+def positive(key: str) -> Convert:
+    """A finite number > 0 sets `key`; null (or 'None') sets nothing."""
+    def read(v):
+        if v in (None, "None", "none"):
+            return {}
+        x = float(v) if not isinstance(v, bool) else math.nan
+        if not (0 < x < math.inf):
+            raise Refused(f"must be a finite number > 0, not {v!r}")
+        return {key: x}
+    return read
 
 
 def nothing(v: Any) -> dict:
