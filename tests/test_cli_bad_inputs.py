@@ -62,7 +62,8 @@ def world(tmp_path_factory) -> dict[str, Path]:
              "params_unknown.yaml": b"stpes: 10\n"}
     for name, content in yamls.items():
         (tmp / name).write_bytes(content)
-    legacy = (REPO / "configs" / "examples" / "llama2_7b_mindformers.yaml").read_text(encoding="utf-8")
+    w["legacy"] = REPO / "configs" / "examples" / "llama2_7b_mindformers.yaml"
+    legacy = w["legacy"].read_text(encoding="utf-8")
     recipes = {"multiple_of_0": ("multiple_of: 256", "multiple_of: 0"),
                "multiple_of_fraction": ("multiple_of: 256", "multiple_of: 2.5"),
                "ffn_multiplier_nan": ("multiple_of: 256", "multiple_of: 256\n    ffn_dim_multiplier: .nan"),
@@ -71,7 +72,6 @@ def world(tmp_path_factory) -> dict[str, Path]:
     for name, (old, new) in recipes.items():
         assert old in legacy, old
         (tmp / f"{name}.yaml").write_text(legacy.replace(old, new), encoding="utf-8")
-    w["legacy"] = REPO / "configs" / "examples" / "llama2_7b_mindformers.yaml"
     w["hand_written"] = tmp / "hand_written.yaml"
     w["hand_written"].write_text("# my own config\nsteps: 10\n", encoding="utf-8")
     return w

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.config import from_dict
+from helpers.mindformers.values import NULL
 
 Note = tuple[str, Any, str, str]          # (source, value, workbook key, why) → a table row
 Refusal = tuple[str, Any, str, str]       # (source, value, why, what --scale does instead)
@@ -64,7 +65,7 @@ def _attention(raw: dict, out: dict, refusals: list) -> None:
     factor = raw.get("mf.scaling_factor")
     if method == "PI":
         out["model.rope_scaling"], out["model.rope_scaling_factor"] = "linear", float(factor or 1.0)
-    elif method not in (None, "None", "none"):
+    elif method not in NULL:
         refusals.append((f"{M}extend_method", method, f"rotary context extension {method} is not in the workbook "
                                                       f"(linear position interpolation, PI, is): use PI or None",
                          "no rope scaling (the try-out's context is short)"))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from helpers.mindformers.values import (Refused, at_least, compute_dtype, flag, nothing, off, one_process, only,
-                                       positive, to, unless_none)
+from helpers.mindformers.values import (NULL, Refused, at_least, compute_dtype, flag, nothing, off, one_process,
+                                       only, positive, to, unless_none)
 
 M = "model.model_config."
 
@@ -241,7 +241,7 @@ MODEL_SECTIONS = {
 
 def pet_type(v: Any) -> dict:
     """LoRA and prefix tuning train a few added weights; the workbook trains them all."""
-    if v not in (None, "None", "none"):
+    if v not in NULL:
         raise Refused(f"parameter-efficient fine-tuning ({v}) is not in the workbook: remove model_config.pet_config "
                       f"to fine-tune every weight")
     return {}

@@ -9,6 +9,7 @@ import math
 from typing import Any, Callable
 
 Convert = Callable[[Any], dict]
+NULL = (None, "None", "none")  # how recipes write "unset"
 
 
 class Refused(Exception):
@@ -29,18 +30,16 @@ def whole(v: Any) -> int:
     return int(v)
 
 
-def _read(kind: type) -> Callable[[Any], Any]:
-    return whole if kind is int else kind
-
-
 def to(key: str, kind: type = str) -> Convert:
     """The value, converted by `kind` (int: `whole`), sets `key`."""
-    return lambda v: {key: _read(kind)(v)}
+    read = whole if kind is int else kind
+    return lambda v: {key: read(v)}
 
 
 def unless_none(key: str, kind: type = str) -> Convert:
     """As `to`, but null (or the string 'None') sets nothing."""
-    return lambda v: {} if v in (None, "None", "none") else {key: _read(kind)(v)}
+    read = to(key, kind)
+    return lambda v: {} if v in NULL else read(v)
 
 
 def at_least(key: str, least: int) -> Convert:
@@ -56,12 +55,11 @@ def at_least(key: str, least: int) -> Convert:
 def positive(key: str) -> Convert:
     """A finite number > 0 sets `key`; null (or 'None') sets nothing."""
     def read(v):
-        if v in (None, "None", "none"):
+        if v in NULL:
             return {}
-        x = float(v) if not isinstance(v, bool) else math.nan
-        if not (0 < x < math.inf):
+        if isinstance(v, bool) or not 0 < float(v) < math.inf:
             raise Refused(f"must be a finite number > 0, not {v!r}")
-        return {key: x}
+        return {key: float(v)}
     return read
 
 
@@ -81,7 +79,7 @@ def only(allowed: tuple, why: str, reduced: str = "") -> Convert:
 
 def off(what: str) -> Convert:
     """A feature the workbook does not have: accepted while off."""
-    return only((None, False, 0, "None", "none"), f"{what} is not available in the workbook: set it to False")
+    return only((*NULL, False, 0), f"{what} is not available in the workbook: set it to False")
 
 
 def one_process(what: str) -> Convert:
