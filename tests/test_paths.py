@@ -61,7 +61,7 @@ def test_cli_train_with_relative_out_and_corpus(tmp_path):
 
 
 def test_the_corpus_and_compile_caches_follow_workbook_data_cache(tmp_path, monkeypatch):
-    from helpers.run.data import default_cache_dir
+    from helpers.run.corpus import default_cache_dir
     from helpers.run.startup import compile_cache_dir
     monkeypatch.setenv("WORKBOOK_DATA_CACHE", str(tmp_path / "cache"))
     assert default_cache_dir() == tmp_path / "cache"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from helpers.config import Config, ConfigError
+from helpers.config import Config
 from helpers.record import atomic_write_json
 from helpers.run.hooks import RunHooks
 from helpers.run.memory import DeviceMemory
@@ -56,13 +56,9 @@ class Built:
 
 
 def model_vocab(cfg: Config, prep: Prepared) -> int:
-    """The model's vocabulary: model.vocab_size, or the tokenizer's when it is 0; ConfigError when it is smaller
-    than the tokenizer's."""
-    vocab = cfg.model.vocab_size or prep.tokenizer.vocab_size
-    if vocab < prep.tokenizer.vocab_size:
-        raise ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer's "
-                          f"{prep.tokenizer.vocab_size}; set model.vocab_size=0 to take the tokenizer's")
-    return vocab
+    """The model's vocabulary: model.vocab_size, or the tokenizer's when it is 0 (`data.prepare` refused a
+    model.vocab_size below the tokenizer's)."""
+    return cfg.model.vocab_size or prep.tokenizer.vocab_size
 
 
 def build(cfg: Config, prep: Prepared, run_dir: Path, kernels: str) -> Built:

@@ -13,6 +13,7 @@ from typing import Callable
 from helpers.config import Config
 from helpers.run import interrupt
 from helpers.run.build import Built
+from helpers.run.data import pipeline_error
 from helpers.run.metrics import Ema, rss_bytes
 from helpers.run.rows import StepSink
 from helpers.run.schedule import lr_at
@@ -45,11 +46,12 @@ def feed(cfg: Config, calls: list, dataset):
 
 
 class StepLoop:
-    """The loop from step `start` on. rows: the record's rows so far (a resume's), for the loss EMA; clock0: the
+    """The loop from step `start` on. ema_from: the loss EMA of the record's last row (a resume's), which this run's
+    goes on from (None, or not finite when no earlier loss was: it starts at this run's first finite loss); clock0: the
     perf_counter value that `elapsed_s` counts from; sinks: where each row goes; checkpoint(step): saves one;
     extra_steps: how many measurement-only steps may follow the record's last step."""
 
-    def __init__(self, cfg: Config, built: Built, batches, rows: list[dict], start: int, clock0: float,
+    def __init__(self, cfg: Config, built: Built, batches, ema_from: float | None, start: int, clock0: float,
                  sinks: StepSink, checkpoint: Callable[[int], None], extra_steps: int, compile_gate=None):
         self.cfg, self.built, self.batches = cfg, built, batches
         # A round's arm (its data.DataGate): in the first step, which compiles for seconds, the pipeline works only
@@ -57,9 +59,7 @@ class StepLoop:
         # the arm's first dozens of timed steps met none of the waits every later step of a data-bound run pays.
         self.compile_gate = None if cfg.dataset_sink else compile_gate
         self.sinks, self.checkpoint = sinks, checkpoint
-        self.ema = Ema()
-        for row in rows:
-            self.ema.update(row["loss"])
+        self.ema = Ema(value=ema_from if ema_from is not None and math.isfinite(ema_from) else None)
         self.start = self.next = start
         self.last_good = start - 1
         self.clock0 = clock0
@@ -183,15 +183,21 @@ class StepLoop:
         return loss, float(norm.asnumpy()), bool(finite.asnumpy()), float(scale.asnumpy()), wait * 1000.0
 
     def _fetch(self, batches):
-        """The next batch; in a round arm's compile step, with its data gate open only meanwhile."""
+        """The next batch; in a round arm's compile step, with its data gate open only meanwhile. A data problem
+        found while the pipeline ran (a bad id in a streamed row) is raised as its own one-line error."""
         gate = self.compile_gate
-        if gate is None:
-            return next(batches)
-        gate.open()
+        if gate is not None:
+            gate.open()
         try:
             return next(batches)
+        except RuntimeError as exc:
+            found = pipeline_error(exc)
+            if found is None:
+                raise
+            raise found from None
         finally:
-            gate.close()
+            if gate is not None:
+                gate.close()
 
     def compiled(self) -> None:
         """The first step is done: from now on the gate stays open while the arm steps (Trainer opens it)."""

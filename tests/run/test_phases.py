@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.config import ConfigError
+from helpers.run.corpus import DataError
 from helpers.record import load_run
 from helpers.run.data import DataGate
 from helpers.run.train import Phase, Trainer, TrainError, Turns
@@ -51,11 +51,12 @@ def test_a_round_arm_goes_through_every_phase_then_measures_past_its_record(tmp_
 @pytest.mark.slow
 def test_a_failed_start_is_recorded_and_the_trainer_is_finished(tmp_path, small_corpus):
     trainer = Trainer(_tiny(small_corpus, **{"model.vocab_size": 8}), tmp_path / "run")  # below the tokenizer's
-    with pytest.raises(ConfigError, match="model.vocab_size=8 is smaller than the tokenizer's"):
+    with pytest.raises(DataError, match="the tokenizer .char. has 30 tokens and the model's vocabulary "
+                                        "model.vocab_size=8 is smaller"):
         trainer.start()
     assert trainer.phase is Phase.FINISHED and trainer.outcome.status == "failed"
     summary = load_run(tmp_path / "run").summary
-    assert summary["status"] == "failed" and summary["status_reason"].startswith("ConfigError: model.vocab_size=8")
+    assert summary["status"] == "failed" and summary["status_reason"].startswith("DataError: the tokenizer (char)")
     assert summary["n_params"] is None  # it failed before its model was built
     assert trainer.finish().status == "failed" and load_run(tmp_path / "run").summary == summary  # not rewritten
     assert trainer.step_block(3) == []  # nothing after a failure
