@@ -8,30 +8,40 @@ from __future__ import annotations
 import io
 import math
 import time
+from array import array
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+import numpy as np
 from matplotlib.figure import Figure
 
+from helpers.book.plots import bucketed, draw
 from helpers.spawn.live import listen
 
 ROLE_COLORS = {"reference": "#1f77b4", "candidate": "#d62728"}
 OTHER_COLOR = "#2ca02c"
+KEYS = ("loss", "tokens_per_s")  # what the panels draw against step
 
 
 class LiveCurves:
-    """Collects rows per label and hands a PNG frame to `show(png_bytes)` at most every `min_interval_s` seconds
-    (drawing costs the parent ~0.1 s of CPU the children would otherwise have)."""
+    """Collects the points of each label's rows and hands a PNG frame to `show(png_bytes)` at most every
+    `min_interval_s` seconds (drawing costs the parent ~0.1 s of CPU the children would otherwise have).
+    series: label → key → (steps, values), 16 bytes a point; a long run is drawn `bucketed`."""
 
     def __init__(self, show: Callable[[bytes], None], title: str = "", min_interval_s: float = 2.0):
         self.show, self.title, self.min_interval_s = show, title, min_interval_s
-        self.series: dict[str, list[dict]] = {}
+        self.series: dict[str, dict[str, tuple[array, array]]] = {}
         self.frames = 0
         self._last = -math.inf
 
     def add(self, label: str, row: dict) -> None:
         """One step row (step, loss, tokens_per_s) of the run or arm `label`; draws when a frame is due."""
-        self.series.setdefault(label, []).append(row)
+        points = self.series.setdefault(label, {key: (array("d"), array("d")) for key in KEYS})
+        for key, (steps, values) in points.items():
+            value = row.get(key)
+            if value is not None and math.isfinite(value):
+                steps.append(row["step"])
+                values.append(value)
         if time.monotonic() - self._last >= self.min_interval_s:
             self.draw()
 
@@ -45,13 +55,13 @@ class LiveCurves:
         """Two panels, loss and tokens/s against step; reference arms blue, candidate arms red."""
         fig = Figure(figsize=(10, 3.2), layout="constrained")
         loss_ax, speed_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-        for label, rows in self.series.items():
+        for label, points in self.series.items():
             role = next((r for r in ROLE_COLORS if r in label.split()), None)
             style = {"color": ROLE_COLORS.get(role, OTHER_COLOR), "lw": 1.2, "alpha": 0.8, "label": label}
-            for ax, key in ((loss_ax, "loss"), (speed_ax, "tokens_per_s")):
-                points = [(r["step"], r[key]) for r in rows if r.get(key) is not None and math.isfinite(r[key])]
-                if points:
-                    ax.plot(*zip(*points), **style)
+            for ax, key in zip((loss_ax, speed_ax), KEYS):
+                steps, values = points[key]
+                if values:
+                    draw(ax, bucketed(np.array(steps), np.array(values)), **style)
         loss_ax.set(xlabel="step", ylabel="training loss", title=self.title or "loss")
         speed_ax.set(xlabel="step", ylabel="tokens/s", title="throughput (per step, or per block when paired)")
         for ax in (loss_ax, speed_ax):

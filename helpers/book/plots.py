@@ -3,7 +3,9 @@ shows it once, as the cell's result, and tests need no display)."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from helpers.record import RunRecord
@@ -11,6 +13,7 @@ from helpers.units import MIB
 from helpers.record import DEVICE, memory_label
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+MAX_POINTS = 2000  # points a per-step curve draws at most: a longer run's curve is drawn as that many buckets
 
 
 def _figure(panels: int = 1, width: float = 6.0, height: float = 3.6):
@@ -18,20 +21,49 @@ def _figure(panels: int = 1, width: float = 6.0, height: float = 3.6):
     return fig, [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
 
 
-def _series(record: RunRecord, column: str, scale: float = 1.0):
-    points = [(r["step"], r[column] * scale) for r in record.metrics
-              if r.get(column) is not None and math.isfinite(r[column])]
-    return [p[0] for p in points], [p[1] for p in points]
+class Curve(NamedTuple):
+    """Points to draw: at x, the value y, within the band lo..hi (lo = y = hi where a point is one step)."""
+    x: np.ndarray
+    y: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+def bucketed(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS) -> Curve:
+    """`values` against `steps`, non-finite values left out, in at most `max_points` points: the points themselves
+    when there are no more, else equal-count buckets of consecutive points, each at its middle step with its mean
+    (y) and its min and max (lo, hi), so a one-step spike stays visible as the band's edge."""
+    keep = np.isfinite(values)
+    steps, values = np.asarray(steps, dtype=np.float64)[keep], values[keep]
+    if values.size <= max_points:
+        return Curve(steps, values, values, values)
+    starts = np.linspace(0, values.size, max_points + 1).astype(np.int64)[:-1]  # strictly rising: size > points
+    sizes = np.diff(np.append(starts, values.size))
+    return Curve(steps[starts + sizes // 2], np.add.reduceat(values, starts) / sizes,
+                 np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts))
+
+
+def draw(ax, curve: Curve, **style) -> None:
+    """Plot a `bucketed` curve on `ax` with `style` (matplotlib's plot keywords), and its min–max band where its
+    buckets hold more than one value."""
+    line, = ax.plot(curve.x, curve.y, **style)
+    if (curve.hi > curve.lo).any():
+        ax.fill_between(curve.x, curve.lo, curve.hi, color=line.get_color(), alpha=0.2, lw=0)
+
+
+def _series(record: RunRecord, column: str, scale: float = 1.0) -> Curve:
+    cols = record.columns("step", column)
+    return bucketed(cols["step"], cols[column] * scale)
 
 
 def curves(groups: dict[str, list[RunRecord]], column: str, ylabel: str, title: str, scale: float = 1.0,
            logy: bool = False) -> Figure:
-    """`column` against step for every run; one colour per group, one line per repeat."""
+    """`column` against step for every run (`bucketed` when long); one colour per group, one line per repeat."""
     fig, (ax,) = _figure()
     for i, (label, records) in enumerate(groups.items()):
         for j, rec in enumerate(records):
-            x, y = _series(rec, column, scale)
-            ax.plot(x, y, color=COLORS[i % len(COLORS)], alpha=0.85, lw=1.2, label=label if j == 0 else None)
+            draw(ax, _series(rec, column, scale), color=COLORS[i % len(COLORS)], alpha=0.85, lw=1.2,
+                 label=label if j == 0 else None)
     ax.set(xlabel="step", ylabel=ylabel, title=title)
     if logy:
         ax.set_yscale("log")
@@ -112,12 +144,12 @@ def evaluation_plot(record: RunRecord) -> Figure:
     for column, style, label in (("loss", dict(alpha=0.35, lw=1), "train loss"),
                                  ("loss_ema", dict(lw=1.8), "train loss EMA"),
                                  ("val_loss", dict(marker="o", lw=1.5), "val loss")):
-        loss_ax.plot(*_series(record, column), label=label, **style)
+        draw(loss_ax, _series(record, column), label=label, **style)
     loss_ax.set(xlabel="step", ylabel="loss (nats/token)", title="Train vs validation")
     loss_ax.legend(fontsize=8)
-    ppl_ax.plot(*_series(record, "val_ppl"), marker="o", color=COLORS[3])
+    draw(ppl_ax, _series(record, "val_ppl"), marker="o", color=COLORS[3])
     ppl_ax.set(xlabel="step", ylabel="perplexity", title="Validation perplexity")
-    grad_ax.plot(*_series(record, "grad_norm"), color=COLORS[4], lw=1)
+    draw(grad_ax, _series(record, "grad_norm"), color=COLORS[4], lw=1)
     limit = record.config.max_grad_norm
     if limit:
         grad_ax.axhline(limit, ls="--", color="#555555", label=f"clip at {limit:g}")

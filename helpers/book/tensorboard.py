@@ -5,14 +5,20 @@ text. A workbook becomes one TensorBoard run per run record, named by its place 
 (`DIR/<workbook>/baseline/run_1`, `DIR/<workbook>/rounds/01_batch/candidate_1`, …), so each round shows as its
 own group and the round's verdict is attached as text. Then: `tensorboard --logdir DIR`.
 
+A scalar of more than TB_POINTS steps is written as TB_POINTS buckets (`plots.bucketed`): TensorBoard keeps 1,000
+points of a scalar by default, a random sample that can drop a spike, and writing every step of a million-step run
+took minutes. The bucket's mean goes under the scalar's tag, its extremes under `<tag>_min` and `<tag>_max`.
+
 tensorboardX writes the files (an optional extra: `pip install -e '.[tensorboard]'`); nothing else needs it.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
+from helpers.book.plots import bucketed
 from helpers.record import SUMMARY_FILE, RecordError, RunRecord, load_run, memory_label
 from helpers.tune.rounds import MARKER, Workbook
 from helpers.units import MIB
@@ -29,6 +35,7 @@ SCALARS = {
 SUMMARY_TEXT = ("status", "steps", "tokens_per_s", "step_time_ms", "mfu", "peak_memory_bytes", "memory_source",
                 "loss_last", "val_loss", "bottleneck")
 INSTALL = "pip install 'tensorboardX==2.6.5' (or pip install -e '.[tensorboard]')"
+TB_POINTS = 1000  # TensorBoard's default sample of a scalar: every point written stays on screen
 
 
 class TensorBoardError(RuntimeError):
@@ -44,25 +51,32 @@ def _writer_class():
     return SummaryWriter
 
 
-def _summary_markdown(record: RunRecord) -> str:
+def _summary_markdown(record: RunRecord, steps: int) -> str:
     s = record.summary
     rows = [f"| {key if key != 'peak_memory_bytes' else memory_label(s)} | {s.get(key)} |"
             for key in SUMMARY_TEXT if key in s]
-    return "\n".join([f"run `{record.path}`", "", "| key | value |", "|---|---|", *rows])
+    bucketed_note = ([f"{steps:,} steps, written as at most {TB_POINTS:,} points per scalar: a longer scalar's "
+                      f"bucket means, their extremes as `<tag>_min` / `<tag>_max`", ""] if steps > TB_POINTS else [])
+    return "\n".join([f"run `{record.path}`", "", *bucketed_note, "| key | value |", "|---|---|", *rows])
 
 
 def write_run(record: RunRecord, logdir: Path, note: str | None = None) -> list[str]:
     """One TensorBoard run at `logdir` from a record; returns the scalar tags written (steps on the x axis)."""
     writer = _writer_class()(logdir=str(logdir))
+    cols = record.columns("step", *SCALARS)
     tags = set()
     try:
-        for row in record.metrics:
-            for column, (tag, scale) in SCALARS.items():
-                value = row.get(column)
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                    writer.add_scalar(tag, value * scale, int(row["step"]))
-                    tags.add(tag)
-        writer.add_text("run/summary", _summary_markdown(record), 0)
+        for column, (tag, scale) in SCALARS.items():
+            curve = bucketed(cols["step"], cols[column] * scale, TB_POINTS)
+            series = {tag: curve.y}
+            if np.isfinite(cols[column]).sum() > TB_POINTS:
+                series.update({f"{tag}_min": curve.lo, f"{tag}_max": curve.hi})
+            steps = curve.x.astype(np.int64).tolist()
+            for name, values in series.items():
+                for step, value in zip(steps, values.tolist()):
+                    writer.add_scalar(name, value, step)
+                    tags.add(name)
+        writer.add_text("run/summary", _summary_markdown(record, len(cols)), 0)
         if note:
             writer.add_text("round/verdict", note, 0)
     finally:

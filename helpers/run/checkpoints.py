@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from helpers.config import Config, ConfigError
-from helpers.record import (HISTORY_DIR, METRICS_FILE, RecordError, RecordWriter, atomic_write_json,
-                            atomic_write_text, read_metric_rows, write_failure)
+from helpers.record import (HISTORY_DIR, METRICS_FILE, KeptRows, RecordError, RecordWriter, atomic_write_json,
+                            atomic_write_text, kept_rows, write_failure)
 from helpers.run.schedule import LR_PARAMETERS
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -148,30 +148,27 @@ def check_resumable(cfg: Config) -> None:
                           f"--steps N (or steps=N) with N > {done}")
 
 
-def previous_rows(cfg: Config) -> list[dict]:
-    """Metrics rows of the run being resumed, up to its checkpoint (read before anything is written)."""
+def resumed_rows(cfg: Config) -> KeptRows:
+    """What the resume of `cfg` keeps of the run's metrics rows: those up to its checkpoint (read before anything is
+    written; `record.kept_rows`)."""
     src_dir, ckpt = resume_source(cfg.resume_from)
-    metrics = src_dir / METRICS_FILE
-    step = checkpoint_step(ckpt)
-    return [r for r in read_metric_rows(metrics) if r["step"] <= step] if metrics.is_file() else []
+    return kept_rows(src_dir / METRICS_FILE, checkpoint_step(ckpt))
 
 
-def supersede(cfg: Config) -> None:
+def supersede(cfg: Config, rows_after: bool) -> None:
     """What a resume from an older checkpoint than the run's last replaces, kept under history/ when its first
-    step is written: the metrics rows after that checkpoint (the whole old metrics.csv) and the newer checkpoints,
-    which would otherwise be taken as the newest again."""
+    step is written: the metrics rows after that checkpoint (`rows_after`: there are some; the whole old
+    metrics.csv is kept) and the newer checkpoints, which would otherwise be taken as the newest again."""
     src, ckpt = resume_source(cfg.resume_from)
     step, stamp = checkpoint_step(ckpt), time.strftime("%Y%m%d-%H%M%S")
     history = src / HISTORY_DIR
     newer = [p for p in checkpoint_files(src) if checkpoint_step(p) > step]
-    metrics = src / METRICS_FILE
-    rows_after = metrics.is_file() and any(r["step"] > step for r in read_metric_rows(metrics))
     if not newer and not rows_after:
         return
     aside = history / f"after_step_{step:06d}_{stamp}"
     aside.mkdir(parents=True, exist_ok=True)
-    if rows_after:  # a copy: metrics.csv is replaced whole by the resumed run's first flush
-        shutil.copy2(metrics, aside / METRICS_FILE)
+    if rows_after:  # a copy: the resumed run's first row makes metrics.csv anew from the rows up to `step`
+        shutil.copy2(src / METRICS_FILE, aside / METRICS_FILE)
     for p in newer:
         os.replace(p, aside / p.name)
         digest = p.with_name(p.name + DIGEST_SUFFIX)

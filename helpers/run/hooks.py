@@ -7,7 +7,7 @@ from pathlib import Path
 from helpers.config import Config
 from helpers.run.monitors import Monitors
 from helpers.run.profile import ProfileWindow, analyse, summary_keys
-from helpers.record import RecordError
+from helpers.record import MetricColumns, RecordError
 from helpers.run.schedule import LearningRates
 
 
@@ -36,8 +36,9 @@ class RunHooks:
         self.window.after_step(row["step"])
         return stop
 
-    def finish(self, rows: list[dict]) -> dict:
-        """Close the profiler, write its analysis, and return the keys to add to summary.json."""
+    def finish(self, rows: MetricColumns) -> dict:
+        """Close the profiler, write its analysis from the record's `rows`, and return the keys to add to
+        summary.json."""
         self.window.close()
         extra = self.monitors.summary(rows)
         if self.window.window and self.window.export_s is not None:

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import psutil
 
-from helpers.record import DEVICE, RSS
+from helpers.record import DEVICE, RSS, MetricColumns
 
 _PROCESS = psutil.Process()
 
@@ -34,10 +34,10 @@ def peak_rss_bytes() -> int:
 
 
 class Ema:
-    """Exponential moving average that starts at the first value (no zero bias)."""
+    """Exponential moving average that starts at the first value (no zero bias), or goes on from `value`."""
 
-    def __init__(self, alpha: float = 0.1):
-        self.alpha, self.value = alpha, None
+    def __init__(self, alpha: float = 0.1, value: float | None = None):
+        self.alpha, self.value = alpha, value
 
     def update(self, x: float) -> float:
         if not math.isfinite(x):
@@ -46,18 +46,17 @@ class Ema:
         return self.value
 
 
-def _finite(values) -> np.ndarray:
-    arr = np.array([v for v in values if v is not None], dtype=np.float64)
-    return arr[np.isfinite(arr)]
+def _finite(values: np.ndarray) -> np.ndarray:
+    return values[np.isfinite(values)]
 
 
-def steady_rows(rows: list[dict], start_step: int, warmup_steps: int,
-                profiled: tuple[int, int] | list[int] | None = None) -> list[dict]:
-    """Rows that measure speed: from `start_step + warmup_steps` on (the process's compile and warm-up steps
+def steady_mask(steps: np.ndarray, start_step: int, warmup_steps: int,
+                profiled: tuple[int, int] | list[int] | None = None) -> np.ndarray:
+    """Which of `steps` measure speed: from `start_step + warmup_steps` on (the process's compile and warm-up steps
     left out), without the steps inside the profiler window `profiled` = (first, last) step, which carry the
     profiler's own cost."""
     first, last = profiled or (0, -1)
-    return [r for r in rows if r["step"] >= start_step + warmup_steps and not first <= r["step"] <= last]
+    return (steps >= start_step + warmup_steps) & ~((steps >= first) & (steps <= last))
 
 
 def mfu_error(mfu: float | None, mfu_hardware: float | None) -> str | None:
@@ -69,13 +68,14 @@ def mfu_error(mfu: float | None, mfu_hardware: float | None) -> str | None:
     return f"MFU above 100% ({', '.join(over)}): that peak is too low to divide by" if over else None
 
 
-def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_token: float,
+def summarize(rows: MetricColumns, start_step: int, warmup_steps: int, flops_per_token: float,
               peak_flops: float | None, profiled: tuple[int, int] | list[int] | None = None,
               memory_source: str = RSS, hardware_peak_flops: float | None = None) -> dict:
     """Speed, memory and loss figures over the steady window of the steps this process ran.
 
+    rows: the record's rows as columns (a resume's kept rows, then this process's);
     start_step: first step this process ran (1, or the step after a resumed checkpoint);
-    profiled: (first, last) step of the profiler window, left out of every speed figure (`steady_rows`).
+    profiled: (first, last) step of the profiler window, left out of every speed figure (`steady_mask`).
 
     step_time_ms: median ms/step; tokens_per_s: tokens of the window / its summed step time;
     data_wait_share: blocked-on-data time / step time; mfu: flops_per_token·tokens_per_s / peak_flops (the
@@ -85,32 +85,35 @@ def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_to
     peak_memory_bytes: the peak the memory gate judges, per `memory_source` (process RSS on CPU; on a device the
     largest per-step device_memory_bytes); peak_rss_bytes and peak_device_memory_bytes keep both.
     """
-    steady = steady_rows(rows, start_step, warmup_steps, profiled)
-    times = _finite(r["step_time_ms"] for r in steady)
-    waits = _finite(r["data_wait_ms"] for r in steady)
-    tokens = sum(r["tokens"] for r in steady)
+    step = rows["step"]
+    steady = steady_mask(step, start_step, warmup_steps, profiled)
+    times = _finite(rows["step_time_ms"][steady])
+    waits = _finite(rows["data_wait_ms"][steady])
+    tokens = float(rows["tokens"][steady].sum())
     total_ms = float(times.sum()) if times.size else 0.0
     tokens_per_s = tokens / (total_ms / 1000.0) if total_ms > 0 else None
-    losses = [r["loss"] for r in rows if r.get("loss") is not None]
-    evals = [r for r in rows if r.get("val_loss") is not None]
-    grad_norms = _finite(r.get("grad_norm") for r in rows)
-    first_row = next((r for r in rows if r["step"] == start_step), {})
+    losses = np.flatnonzero(rows.filled["loss"])
+    evals = np.flatnonzero(rows.filled["val_loss"])
+    last_eval = evals[-1] if evals.size else None
+    grad_norms = _finite(rows["grad_norm"])
+    first_row = np.flatnonzero(step == start_step)
     rss_peak = peak_rss_bytes()
-    device = _finite(r.get("device_memory_bytes") for r in rows)
+    device = _finite(rows["device_memory_bytes"])
     device_peak = int(device.max()) if device.size else None
     mfu, mfu_hw = (flops_per_token * tokens_per_s / peak if (tokens_per_s and peak) else None
                    for peak in (peak_flops, hardware_peak_flops))
+    steady_steps = step[steady]
     return {
-        "steps": rows[-1]["step"] if rows else 0,
+        "steps": int(step[-1]) if step.size else 0,
         "tokens_per_s": tokens_per_s,
         "step_time_ms": float(np.median(times)) if times.size else None,
         "step_time_ms_p10": float(np.percentile(times, 10)) if times.size else None,
         "step_time_ms_p90": float(np.percentile(times, 90)) if times.size else None,
         "warmup_steps": warmup_steps,
-        "steady_window": [steady[0]["step"], steady[-1]["step"]] if steady else None,
-        "speed_steps": len(steady),
+        "steady_window": [int(steady_steps[0]), int(steady_steps[-1])] if steady_steps.size else None,
+        "speed_steps": int(steady_steps.size),
         "profiled_steps": list(profiled) if profiled else None,
-        "compile_s": first_row["step_time_ms"] / 1000.0 if first_row else None,
+        "compile_s": float(rows["step_time_ms"][first_row[0]]) / 1000.0 if first_row.size else None,
         "data_wait_share": float(waits.sum()) / total_ms if total_ms > 0 else None,
         "peak_memory_bytes": device_peak if memory_source == DEVICE else rss_peak,
         "memory_source": memory_source,
@@ -122,9 +125,10 @@ def summarize(rows: list[dict], start_step: int, warmup_steps: int, flops_per_to
         "peak_flops_hardware": hardware_peak_flops,
         "mfu_error": mfu_error(mfu, mfu_hw),
         "flops_per_token": flops_per_token,
-        "loss_first": losses[0] if losses else None,
-        "loss_last": losses[-1] if losses else None,
-        "val_loss": evals[-1]["val_loss"] if evals else None,
-        "val_ppl": evals[-1]["val_ppl"] if evals else None,
+        "loss_first": float(rows["loss"][losses[0]]) if losses.size else None,
+        "loss_last": float(rows["loss"][losses[-1]]) if losses.size else None,
+        "val_loss": float(rows["val_loss"][last_eval]) if last_eval is not None else None,
+        "val_ppl": (float(rows["val_ppl"][last_eval]) if last_eval is not None and rows.filled["val_ppl"][last_eval]
+                    else None),
         "grad_norm_max": float(grad_norms.max()) if grad_norms.size else None,
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from helpers.config import Config, ConfigError
+from helpers.record import MetricColumns
 
 MAX_ALARMS_PER_KIND = 20  # the summary keeps the first ones and counts the rest
 MEMORY_CHECK_EVERY = 10  # steps between RSS-slope fits
@@ -42,7 +44,7 @@ def spike_period(steps: list[int], tolerance: float = 0.25) -> float | None:
     return median
 
 
-def rss_slope(steps: list[int], rss: list[float]) -> float:
+def rss_slope(steps: Sequence[float], rss: Sequence[float]) -> float:
     """Least-squares slope of RSS over steps, in bytes/step (0 with fewer than 2 points)."""
     if len(steps) < 2:
         return 0.0
@@ -53,7 +55,7 @@ def rss_slope(steps: list[int], rss: list[float]) -> float:
     return float((x * (y - y.mean())).sum() / denom) if denom else 0.0
 
 
-def sustained_slope(steps: list[int], rss: list[float]) -> float:
+def sustained_slope(steps: Sequence[float], rss: Sequence[float]) -> float:
     """RSS growth that lasts the whole window, in bytes/step: the smaller of the slopes of its two halves.
     A one-off jump (the first evaluation's buffers) sits in one half only and reads as ~0; a leak does not."""
     half = len(steps) // 2
@@ -239,16 +241,15 @@ class Monitors:
                 f"loss scale {row.get('loss_scale')}); likely cause: {cause}; try: lr={self.cfg.lr / 10:g}, "
                 f"longer warmup, max_grad_norm=1, loss_scale=dynamic or amp_level=O0; {kept}")
 
-    def summary(self, rows: list[dict]) -> dict:
+    def summary(self, rows: MetricColumns) -> dict:
         """Summary keys: alarms (first per kind), alarm_counts, spike_period (steps), lr_scale,
-        loss_drop_per_ktok (loss EMA drop per 1,000 tokens over this process's finite rows)."""
-        ema = [(r["loss_ema"], r["tokens"]) for r in rows
-               if r.get("loss_ema") is not None and math.isfinite(r["loss_ema"])]
-        tokens = sum(t for _, t in ema[1:])
+        loss_drop_per_ktok (loss EMA drop per 1,000 tokens over the record's rows with a finite EMA)."""
+        finite = np.isfinite(rows["loss_ema"])
+        ema, tokens = rows["loss_ema"][finite], float(rows["tokens"][finite][1:].sum())
         return {
             "alarms": [asdict(a) for a in self.alarms],
             "alarm_counts": dict(self.counts),
             "spike_period": spike_period(self.spikes),
             "lr_scale": self.lr_scale,
-            "loss_drop_per_ktok": (ema[0][0] - ema[-1][0]) / tokens * 1000.0 if tokens else None,
+            "loss_drop_per_ktok": float(ema[0] - ema[-1]) / tokens * 1000.0 if tokens else None,
         }

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from helpers.config import Config, ConfigError, with_changes
-from helpers.record import RecordError, atomic_write_json, atomic_write_text, rows_to_csv
+from helpers.record import MetricColumns, RecordError, atomic_write_json, atomic_write_text, rows_to_csv
 from helpers.run import parser_processes
 from helpers.run.device_profile import activities, read_op_table
 
@@ -158,28 +158,33 @@ def _median(values) -> float | None:
     return float(np.median(arr)) if arr.size else None
 
 
-def _spread_text(rows: list[dict]) -> str:
+def _step_times(rows: MetricColumns) -> np.ndarray:
+    return rows["step_time_ms"][rows.filled["step_time_ms"]]
+
+
+def _spread_text(rows: MetricColumns) -> str:
     """p10 and p90 of the rows' step times relative to their median, e.g. '-4.1%/+9.8%' (the run's own noise)."""
-    times = np.array([r["step_time_ms"] for r in rows if r.get("step_time_ms") is not None], dtype=np.float64)
+    times = _step_times(rows)
     median = float(np.median(times))
     return f"{np.percentile(times, 10) / median - 1:+.1%}/{np.percentile(times, 90) / median - 1:+.1%} (p10/p90)"
 
 
-def analyse(run_dir: Path, rows: list[dict], cfg: Config, window: ProfileWindow | None = None) -> ProfileReport:
+def analyse(run_dir: Path, rows: MetricColumns, cfg: Config, window: ProfileWindow | None = None) -> ProfileReport:
     """Build the op table and profile.json from the raw profiler output and the run's metric rows."""
     run_dir = Path(run_dir)
     first, last = window_steps(cfg)
-    in_window = [r for r in rows if first <= r["step"] <= last]
+    inside = (rows["step"] >= first) & (rows["step"] <= last)
+    in_window = rows.where(inside)
     steps = len(in_window) or (last - first + 1)
     ops, op_source, raw = read_op_table(run_dir / PROFILE_DIR, steps)  # device table first (device_profile.py)
-    baseline = [r for r in rows if r["step"] > cfg.steady_after and not first <= r["step"] <= last]
-    win_ms, base_ms = _median(r["step_time_ms"] for r in in_window), _median(r["step_time_ms"] for r in baseline)
+    baseline = rows.where((rows["step"] > cfg.steady_after) & ~inside)
+    win_ms, base_ms = _median(_step_times(in_window)), _median(_step_times(baseline))
     overhead = (win_ms / base_ms - 1.0) * 100.0 if (win_ms and base_ms) else None
     note = (f"the unprofiled steps themselves spread {_spread_text(baseline)} around their median, so an "
             f"overhead inside that is not resolved" if overhead is not None
             else "not measured: no unprofiled steady steps; raise steps beyond the window")
-    wait = sum(r["data_wait_ms"] or 0.0 for r in in_window)
-    busy = sum(r["step_time_ms"] for r in in_window)
+    wait = float(np.where(in_window.filled["data_wait_ms"], in_window["data_wait_ms"], 0.0).sum())
+    busy = float(in_window["step_time_ms"].sum())
     comm = [op for op in ops if COMM_OP.match(op["name"])]
     comm_op_share: float | str = (sum(op["share"] for op in comm) if comm else
                                "not applicable: single process, no communication operators recorded"

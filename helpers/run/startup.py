@@ -127,10 +127,11 @@ class FixedCost:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
-    def summary(self, rows: list[dict], steady_ms: float | None) -> dict:
-        """fixed_cost_s for summary.json: the phases plus `compile` (first step − median steady step) and `total`."""
+    def summary(self, first_ms: float | None, steady_ms: float | None) -> dict:
+        """fixed_cost_s for summary.json: the phases plus `compile` (the first step's ms − the median steady step's)
+        and `total`."""
         out = dict(self.seconds)
-        if rows and steady_ms is not None:
-            out["compile"] = max(0.0, (rows[0]["step_time_ms"] - steady_ms) / 1000.0)
+        if first_ms is not None and steady_ms is not None:
+            out["compile"] = max(0.0, (first_ms - steady_ms) / 1000.0)
         out["total"] = sum(out.values())
         return {k: round(v, 3) for k, v in out.items()}

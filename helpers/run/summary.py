@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from helpers.config import Config
 from helpers.record import RecordWriter, memory_source
 from helpers.run.build import Built
@@ -27,16 +29,16 @@ class Peaks:
 def write_final_summary(cfg: Config, writer: RecordWriter, status: dict, start_step: int, built: Built | None,
                         peaks: Peaks | None, fixed_cost: FixedCost, extra: dict) -> None:
     """Flush the rows and write summary.json: `status` (status, status_reason, started_at, …), the statistics of the
-    rows from `start_step` on, `extra` (kernels, peaks, AMP audit) and the hooks' keys. built: None when the run
-    failed before its model was built (no hooks, FLOPs or parameter count then); peaks: None for a failed run
-    (no MFU)."""
+    rows from `start_step` on (read back from metrics.csv, once), `extra` (kernels, peaks, AMP audit) and the hooks'
+    keys. built: None when the run failed before its model was built (no hooks, FLOPs or parameter count then);
+    peaks: None for a failed run (no MFU)."""
+    rows = writer.columns()
     if built is not None:
-        extra = {**extra, **built.hooks.finish(writer.rows)}
-    writer.flush()
+        extra = {**extra, **built.hooks.finish(rows)}
     peak = peaks.matmul if peaks is not None else None
 
     def stats_over(peak: float | None) -> dict:
-        return summarize(writer.rows, start_step, cfg.steady_after,
+        return summarize(rows, start_step, cfg.steady_after,
                          built.flops_per_token if built is not None else 0.0, peak, window_steps(cfg),
                          memory_source(cfg.device_target), peaks.hardware if peak else None)
     stats = stats_over(peak)
@@ -50,9 +52,11 @@ def write_final_summary(cfg: Config, writer: RecordWriter, status: dict, start_s
                                                    f"the run: {again / 1e9:.1f} GFLOP/s"}
     if built is not None and built.device_memory is not None:  # the allocator's own totals, next to the peak
         stats.update(built.device_memory.stats())
-    first = [r for r in writer.rows if r["step"] == start_step]
+    first = np.flatnonzero(rows["step"] == start_step)
+    first_ms = float(rows["step_time_ms"][first[0]]) if first.size else None
     summary = {**status, **stats, **extra, "n_params": built.n_params if built is not None else None,
-               "fixed_cost_s": fixed_cost.summary(first, stats.get("step_time_ms")), "process_start": process_start(),
+               "fixed_cost_s": fixed_cost.summary(first_ms, stats.get("step_time_ms")),
+               "process_start": process_start(),
                "tokens_per_step": cfg.tokens_per_step,
                # one process: no collective in the step; data-parallel runs get it measured by rankmerge
                "comm_step_share": 0.0 if cfg.parallel.data_parallel == 1 else None,

@@ -27,8 +27,8 @@ from helpers import config as config_mod
 from helpers.config import Config
 from helpers.record import RecordError, RecordWriter, load_run
 from helpers.run.build import Built, build
-from helpers.run.checkpoints import (check_resumable, checkpoint_files, note_attempt, previous_rows, resume_source,
-                                     restore, save_checkpoint, supersede)
+from helpers.run.checkpoints import (check_resumable, checkpoint_files, note_attempt, restore, resume_source,
+                                     resumed_rows, save_checkpoint, supersede)
 from helpers.run.data import OPEN_GATE, DataGate
 from helpers.run import interrupt
 from helpers.run.env import environment
@@ -184,15 +184,15 @@ class Trainer:
         start_args = (config_mod.dump(cfg), environment(cfg.device_target, cfg.threads), self._status)
         if cfg.resume_from:  # the record it continues is left as it is until the first new step is written
             check_resumable(cfg)
-            self.writer.rows = previous_rows(cfg)
+            kept = resumed_rows(cfg)
             self._status["resumed_from"] = str(resume_source(cfg.resume_from)[1])
-            self.writer.start_later(*start_args, before=lambda: supersede(cfg))
+            self.writer.start_later(*start_args, kept=kept, before=lambda: supersede(cfg, kept.after))
         else:
             self.writer.start(*start_args)
         self._fixed_cost = FixedCost()
         # elapsed_s counts from this process's creation (start, imports, compile, evaluation: all a user pays);
         # a resumed run goes on from the seconds its earlier rows had already taken
-        before = next((r["elapsed_s"] for r in reversed(self.writer.rows) if r.get("elapsed_s") is not None), 0.0)
+        before = (self.writer.last_row or {}).get("elapsed_s") or 0.0
         clock0 = time.perf_counter() - self._fixed_cost.seconds["start"] - before
         try:
             start = self._set_up(clock0)
@@ -230,7 +230,7 @@ class Trainer:
     @property
     def last_loss(self) -> float | None:
         """The record's latest training loss (nats/token; None before its first row)."""
-        return self.writer.rows[-1]["loss"] if self.writer.rows else None
+        return self.writer.last_row["loss"] if self.writer.last_row is not None else None
 
     def finish(self, reason: str = "") -> Outcome:
         """Write the summary with the outcome (once); a run stopped before its end is 'stopped' (with `reason`)."""
@@ -251,7 +251,7 @@ class Trainer:
         step was recorded), or nothing (steps recorded, no checkpoint)."""
         if checkpoint_files(self.run_dir):
             return f"resume with: python -m helpers resume {self.run_dir}"
-        if not self.writer.rows:
+        if self.writer.last_row is None:
             return f"start it again with: python -m helpers resume {self.run_dir}"
         return (f"no checkpoint to continue from (checkpoint_every=0 saves only at the end); train it again with "
                 f"--replace")
@@ -297,8 +297,9 @@ class Trainer:
         dataset = train_dataset(cfg, prep, skip_batches=(start - 1) * cfg.grad_accum_steps,
                                 rank=self.rank.index if self.rank is not None else None, gate=self.turns.gate,
                                 extra_batches=self.turns.extra_steps * cfg.grad_accum_steps)
-        self._loop = StepLoop(cfg, self._built, feed(cfg, self._built.calls, dataset), self.writer.rows, start,
-                              clock0, self.sinks, self._checkpoint, self.turns.extra_steps,
+        self._loop = StepLoop(cfg, self._built, feed(cfg, self._built.calls, dataset),
+                              (self.writer.last_row or {}).get("loss_ema"), start, clock0, self.sinks,
+                              self._checkpoint, self.turns.extra_steps,
                               compile_gate=None if self.turns.gate is OPEN_GATE else self.turns.gate)
         return start
 

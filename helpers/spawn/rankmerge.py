@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from helpers.run.metrics import Ema, steady_rows, summarize
+from helpers.run.metrics import Ema, steady_mask, summarize
 from helpers.run.profile import window_steps
-from helpers.record import (METRICS_FILE, atomic_write_json, atomic_write_text, load_run, rows_to_csv,
+from helpers.record import (METRICS_FILE, MetricColumns, atomic_write_json, atomic_write_text, load_run, rows_to_csv,
                             write_summary)
 from helpers.wire import PAIRED_FILE, RankFile, decode_rank_file, paired_rank_files, rank_files
 
@@ -67,10 +67,12 @@ def merge_ranks(run_dir: str | Path) -> dict | None:
         row["loss_ema"] = ema.update(row["loss"])
     atomic_write_text(run_dir / METRICS_FILE, rows_to_csv(rows))
     profiled = window_steps(cfg)  # the ranks' profiler window (comm_profile_steps): not speed
-    stats = summarize(rows, start, cfg.steady_after, summary.get("flops_per_token") or 0.0,
+    columns = MetricColumns.of_rows(rows)
+    stats = summarize(columns, start, cfg.steady_after, summary.get("flops_per_token") or 0.0,
                       summary.get("peak_flops"), profiled, hardware_peak_flops=summary.get("peak_flops_hardware"))
     peaks = [r.peak_rss_bytes for r in ranks]
-    steady = {r["step"] for r in steady_rows(rows, start, cfg.steady_after, profiled)}
+    steps = columns["step"]
+    steady = set(steps[steady_mask(steps, start, cfg.steady_after, profiled)].astype(int).tolist())
     rank_ms = [float(np.median([row["step_time_ms"] for row in r.rows if row["step"] in steady] or [np.nan]))
                for r in ranks]
     merged = {**summary, **stats, **_comm_summary(ranks, rows),

@@ -41,16 +41,12 @@ def eval_curve(run: RunRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     included); records written before that column existed fall back to the sum of step times (compile step
     included, start-up and validation passes not).
     """
-    tokens = steps_s = 0.0
-    points = []
-    for row in run.metrics:
-        tokens += row["tokens"]
-        steps_s += (row.get("step_time_ms") or 0.0) / 1000.0
-        if row.get("val_loss") is not None and math.isfinite(row["val_loss"]):
-            elapsed = row.get("elapsed_s")
-            points.append((tokens, row["val_loss"], steps_s if elapsed is None else elapsed))
-    arr = np.array(points, dtype=np.float64).reshape(-1, 3)
-    return arr[:, 0], arr[:, 1], arr[:, 2]
+    cols = run.columns("tokens", "step_time_ms", "val_loss", "elapsed_s")
+    tokens = np.cumsum(cols["tokens"])
+    steps_s = np.cumsum(np.where(cols.filled["step_time_ms"], cols["step_time_ms"], 0.0) / 1000.0)
+    evals = np.isfinite(cols["val_loss"])
+    seconds = np.where(cols.filled["elapsed_s"], cols["elapsed_s"], steps_s)
+    return tokens[evals], cols["val_loss"][evals], seconds[evals]
 
 
 def compare_tokens(runs: Sequence[RunRecord]) -> float:

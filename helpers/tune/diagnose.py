@@ -9,11 +9,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from helpers.run.monitors import sustained_slope
 from helpers.run.profile import load_profile
-from helpers.record import RecordError, RunRecord, memory_label, update_summary
+from helpers.record import MetricColumns, RecordError, RunRecord, memory_label, update_summary
 
 TROUBLESHOOTING = Path(__file__).with_name("troubleshooting.yaml")
 MATMUL_OPS = {"MatMul", "BatchMatMul", "MatMulExt", "BatchMatMulExt", "Dense"}
@@ -74,12 +75,13 @@ def troubleshooting_rows(findings: list[str]) -> list[dict]:
     return [r for r in troubleshooting_table() if set(r["when"]) & set(findings)]
 
 
-def _data_evidence(rows: list[dict], th: Thresholds) -> dict:
-    total = sum(r["step_time_ms"] for r in rows)
-    wait = sum(r["data_wait_ms"] or 0.0 for r in rows)
-    starved = sum(1 for r in rows if (r["data_wait_ms"] or 0.0) >= th.starved_wait_fraction * r["step_time_ms"])
+def _data_evidence(rows: MetricColumns, th: Thresholds) -> dict:
+    times = rows["step_time_ms"]
+    waits = np.where(rows.filled["data_wait_ms"], rows["data_wait_ms"], 0.0)
+    total, wait = float(times.sum()), float(waits.sum())
+    starved = int((waits >= th.starved_wait_fraction * times).sum())
     return {"data_wait_share": wait / total if total else None,
-            "starved_step_share": starved / len(rows) if rows else None}
+            "starved_step_share": starved / len(rows) if len(rows) else None}
 
 
 def _profile_evidence(record: RunRecord) -> dict:
@@ -109,14 +111,15 @@ def _comm(ev: dict) -> tuple[float | None, str]:
     return None, ""
 
 
-def _memory_evidence(record: RunRecord, rows: list[dict]) -> dict:
+def _memory_evidence(record: RunRecord, rows: MetricColumns) -> dict:
     peak, total = record.summary.get("peak_memory_bytes"), record.env.get("memory_total_bytes")
     if memory_label(record.summary) == "peak device memory":  # a device peak is a share of the device's memory
         total = record.summary.get("device_memory_total_bytes")
-    pts = [(r["step"], r["rss_bytes"]) for r in rows if r.get("rss_bytes") is not None]
+    has = rows.filled["rss_bytes"]
     return {"peak_memory_bytes": peak, "memory_total_bytes": total,
             "peak_memory_fraction": peak / total if (peak and total) else None,
-            "rss_slope_bytes_per_step": sustained_slope(*map(list, zip(*pts))) if len(pts) >= 4 else None}
+            "rss_slope_bytes_per_step": (sustained_slope(rows["step"][has], rows["rss_bytes"][has])
+                                         if has.sum() >= 4 else None)}
 
 
 def _next_rounds(bottleneck: str, ev: dict, findings: list[str]) -> list[str]:
@@ -155,7 +158,7 @@ def diagnose(record: RunRecord, thresholds: Thresholds | None = None) -> Diagnos
     communication-bound, data-bound, compute-bound (one op type ≥ dominant_op_share), else balanced.
     """
     th = thresholds or Thresholds()
-    rows = record.speed_rows()
+    rows = record.speed_columns("data_wait_ms", "rss_bytes")
     alarms = list(record.summary.get("alarms") or [])
     alarm_kinds = sorted({a["kind"] for a in alarms})
     checks = _checks(record, th)
@@ -187,7 +190,7 @@ def diagnose(record: RunRecord, thresholds: Thresholds | None = None) -> Diagnos
         bottleneck, reasons = "compute-bound", [f"{ev['dominant_op']} takes {dom:.0%} of op time "
                                              f"(≥ {th.dominant_op_share:.0%}); data waits only "
                                              f"{share or 0.0:.0%} of step time"]
-    if not bottleneck and not rows:
+    if not bottleneck and not len(rows):
         bottleneck, reasons = "balanced", ["no steady steps to judge speed by (the run ended during warm-up)"]
     if not bottleneck:
         bottleneck = "balanced"

@@ -51,11 +51,13 @@ def flat_window(cfg: Config) -> int:
 
 def _flat_throughput(record: RunRecord, base: Config) -> Suggestion | None:
     window = flat_window(record.config)
-    rates = [(r["step"], r["loss_drop_per_ktok"]) for r in record.metrics if r.get("loss_drop_per_ktok") is not None]
-    last = [v for s, v in rates if s > record.summary.get("steps", len(record.metrics)) - window]
-    if len(last) < window // 2 or not rates:
+    cols = record.columns("step", "loss_drop_per_ktok")
+    has = cols.filled["loss_drop_per_ktok"]
+    rates, at = cols["loss_drop_per_ktok"][has], cols["step"][has]
+    last = rates[at > record.summary.get("steps", len(cols)) - window]
+    if len(last) < window // 2 or not rates.size:
         return None
-    best, now = max(v for _, v in rates), float(np.median(last))
+    best, now = float(rates.max()), float(np.median(last))
     if best <= 0 or now > FLAT_FRACTION * best:
         return None
     memory = record.summary.get("peak_memory_bytes"), record.env.get("memory_total_bytes")
@@ -76,10 +78,11 @@ def _grad_norm_alarms(record: RunRecord, base: Config) -> Suggestion | None:
     limit = record.config.monitor.grad_norm_limit
     if not limit:
         return None
-    norms = [r["grad_norm"] for r in record.metrics if r.get("grad_norm") is not None]
-    over = sum(n > limit for n in norms)
+    cols = record.columns("grad_norm")
+    norms = cols["grad_norm"][cols.filled["grad_norm"]]
+    over = int((norms > limit).sum())
     onsets = (record.summary.get("alarm_counts") or {}).get("grad_norm", 0)
-    share = over / len(norms) if norms else 0.0
+    share = over / len(norms) if len(norms) else 0.0
     if onsets < ALARM_ONSETS and share < OVER_LIMIT_SHARE:
         return None
     now = base.warmup_steps
@@ -87,14 +90,17 @@ def _grad_norm_alarms(record: RunRecord, base: Config) -> Suggestion | None:
     change = {"warmup": warmup, **({"warmup_ratio": 0.0} if base.warmup_ratio else {})}  # steps replace the share
     return Suggestion(slug("warmup", warmup), change, "convergence",
                       f"grad norm above monitor.grad_norm_limit={limit:g} on {over} of {len(norms)} steps "
-                      f"({share:.0%}), alarm fired {onsets} time(s), max {max(norms):.3g}; warm-up now "
+                      f"({share:.0%}), alarm fired {onsets} time(s), max {norms.max():.3g}; warm-up now "
                       f"{now} steps",
                       f"grad-norm alarms keep firing (≥ {ALARM_ONSETS} crossings or ≥ {OVER_LIMIT_SHARE:.0%} of "
                       f"steps) → double the warm-up")
 
 
 def _overfitting(record: RunRecord, base: Config) -> list[Suggestion]:
-    evals = [(r["step"], r["val_ppl"], r["loss_ema"]) for r in record.metrics if r.get("val_ppl") is not None]
+    cols = record.columns("step", "val_ppl", "loss_ema")
+    has = cols.filled["val_ppl"]
+    evals = [(int(step), ppl, ema) for step, ppl, ema in zip(cols["step"][has].tolist(), cols["val_ppl"][has].tolist(),
+                                                             cols["loss_ema"][has].tolist())]
     fired = any(a["kind"] == "overfit" for a in record.summary.get("alarms") or [])
     if not (fired or rising_while_falling(evals, RISING_EVALS)):
         return []

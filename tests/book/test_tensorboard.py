@@ -74,3 +74,29 @@ def test_a_workbook_exports_each_rounds_runs_as_separate_runs(tmp_path, small_co
     assert [e.step for e in acc.Scalars("speed/tokens_per_s")] == list(range(1, 7))
     assert _texts(acc) == {"run/summary", "round/verdict"}
     assert _texts(_accumulator(root / "baseline" / "run_1")) == {"run/summary"}
+
+
+def test_a_long_run_is_written_as_buckets_that_keep_a_spike(tmp_path):
+    import shutil
+
+    from helpers.book.tensorboard import TB_POINTS
+    from helpers.record import RecordWriter
+    from tests.test_record_append import _rows
+    run = tmp_path / "long"
+    shutil.copytree(RECORD, run)
+    (run / "metrics.csv").unlink()
+    rows = _rows(3 * TB_POINTS)
+    rows[2024]["loss"] = 40.0
+    writer = RecordWriter(run)
+    for row in rows:
+        writer.add(row, now=0.0)
+    writer.flush()
+    proc = run_cli("tensorboard", str(run), "--out", str(tmp_path / "tb"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    acc = _accumulator(tmp_path / "tb" / "long")
+    assert {"train/loss", "train/loss_min", "train/loss_max", "eval/val_loss"} <= set(acc.Tags()["scalars"])
+    loss, top = acc.Scalars("train/loss"), acc.Scalars("train/loss_max")
+    assert len(loss) == len(top) == TB_POINTS and max(e.value for e in loss) < 20.0  # the mean of 3 steps
+    assert max(e.value for e in top) == 40.0 and [e.step for e in top] == [e.step for e in loss]
+    assert len(acc.Scalars("eval/val_loss")) == len(rows) // 500  # few points: each one written as it is
+    assert "eval/val_loss_max" not in acc.Tags()["scalars"]

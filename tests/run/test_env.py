@@ -12,7 +12,7 @@ import pytest
 from helpers.config import from_dict
 from helpers.run import peaks
 from helpers.run.metrics import summarize
-from helpers.record import load_run
+from helpers.record import MetricColumns, load_run
 from tests.conftest import run_cli, tiny_args
 
 
@@ -143,9 +143,9 @@ def test_the_hardware_peak_shows_its_arithmetic_and_no_matmul_beats_it():
     assert peaks.hardware_peak("fp32", "GPU") is None  # no derived peak off CPU
 
 
-def _rows(tokens_per_s: float, steps: int = 6) -> list[dict]:
-    return [{"step": s, "step_time_ms": 1000.0 * 100 / tokens_per_s, "data_wait_ms": 0.0, "tokens": 100}
-            for s in range(1, steps + 1)]
+def _rows(tokens_per_s: float, steps: int = 6) -> MetricColumns:
+    return MetricColumns.of_rows([{"step": s, "step_time_ms": 1000.0 * 100 / tokens_per_s, "data_wait_ms": 0.0,
+                                   "tokens": 100} for s in range(1, steps + 1)])
 
 
 def test_an_mfu_above_either_peak_is_an_error():

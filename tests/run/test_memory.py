@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.record import DEVICE, RSS, memory_label
+from helpers.record import DEVICE, RSS, MetricColumns, memory_label
 from helpers.run.memory import DeviceMemory, default_memory_limit, device_total_bytes
 from helpers.run.metrics import peak_rss_bytes, summarize
 from tests.conftest import mindspore_on_cpu
 
 
 def _rows(device_bytes):
-    return [{"step": i + 1, "step_time_ms": 10.0, "data_wait_ms": 0.1, "tokens": 64, "loss": 3.0,
-             "device_memory_bytes": b} for i, b in enumerate(device_bytes)]
+    return MetricColumns.of_rows([{"step": i + 1, "step_time_ms": 10.0, "data_wait_ms": 0.1, "tokens": 64,
+                                   "loss": 3.0, "device_memory_bytes": b} for i, b in enumerate(device_bytes)])
 
 
 def test_device_reader_runs_mindspores_api_on_cpu_and_reads_its_documented_zeros():

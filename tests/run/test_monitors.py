@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.config import ConfigError, from_dict
+from helpers.record import MetricColumns
 from helpers.tune.diagnose import troubleshooting_rows
 from helpers.run.monitors import (Monitors, effective_max_grad_norm, rising_while_falling, rss_slope, spike_period,
                               sustained_slope)
@@ -51,7 +52,7 @@ def test_monitors_flag_periodic_spikes_and_memory_growth(tmp_path):
     kinds = [a.kind for a in mon.alarms]
     assert kinds.count("loss_spike") == 5 and "every ~40 steps" in mon.alarms[-1].message
     assert "memory_growth" in kinds and rows[29]["alarms"] == "memory_growth"
-    summary = mon.summary(rows)
+    summary = mon.summary(MetricColumns.of_rows(rows))
     assert summary["spike_period"] == 40 and summary["alarm_counts"]["memory_growth"] == 1
     assert rows[-1]["loss_drop_per_ktok"] == 0.0
 
