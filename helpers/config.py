@@ -14,6 +14,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
+from helpers.bounded_yaml import YamlRefused, load_file, load_text
 from helpers.paths import absolute
 
 
@@ -120,18 +121,25 @@ class ModelConfig:
         return 8 * ((8 * self.d_model // 3 + 7) // 8) if self.mlp == "swiglu" else 4 * self.d_model
 
 
+BUILT_IN_TOKENIZERS = ("char", "byte", "bpe")
+
+
 @dataclass
 class DataConfig:
-    corpus: list[str] = _knob(None, "registry names (tinyshakespeare) or UTF-8 text file paths; with "
-                                    "format=mindrecord one MindRecord set: a folder written by `python -m helpers "
-                                    "prepare --to mindrecord` or a .mindrecord file",
+    corpus: list[str] = _knob(None, "registry names (tinyshakespeare) or UTF-8 text file paths, each a document; "
+                                    "with format=mindrecord one MindRecord set: a folder written by `python -m "
+                                    "helpers prepare --to mindrecord`, a .mindrecord file, or a folder of MindRecord "
+                                    "files (every file trains, shards of a set included)",
                               default_factory=lambda: ["tinyshakespeare"])
     format: str = _knob("text", "corpus format: text (tokenized here), or mindrecord (token ids in input_ids, and "
                                 "labels if present, rows of model.seq_len+1, read with MindSpore's MindDataset)",
                         choices=["text", "mindrecord"])
-    tokenizer: str = _knob("char", "char (vocab from corpus), byte (256) or bpe (trained offline)",
-                           choices=["char", "byte", "bpe"])
+    tokenizer: str = _knob("char", "char (vocab from corpus), byte (256), bpe (trained here on a sample of the "
+                                   "corpus), or a Hugging Face tokenizer.json: the file or a folder holding it (such "
+                                   "as the init_from folder)")
     vocab_size: int = _knob(512, "BPE vocabulary size (bpe only)", ge=260)
+    bpe_sample_mb: float = _knob(8.0, "MB of the corpus, in blocks spread over it, that a bpe tokenizer learns from "
+                                      "(bpe only)", gt=0.0)
     val_fraction: float = _knob(0.1, "last fraction of tokens held out for validation", gt=0.0, le=0.5)
     tokenize: str = _knob("ahead", "tokenize the corpus once ahead, or in the pipeline's map op",
                           choices=["ahead", "on_the_fly"])
@@ -251,8 +259,9 @@ class Config:
     checkpoint_every: int = _knob(0, "steps between checkpoints; 0 = only at the end", ge=0)
     keep_checkpoints: int = _knob(2, "how many recent checkpoints to keep", ge=1)
     resume_from: str = _knob("", "run directory or .ckpt file to continue from")
-    init_from: str = _knob("", "Hugging Face weights to start from (step 1, fresh optimizer): a folder of "
-                               ".safetensors files or one file, GPT-2, LLaMA or Qwen2 layout; '' = random init")
+    init_from: str = _knob("", "Hugging Face weights to start from (step 1, fresh optimizer): one .safetensors "
+                               "file, or a folder with model.safetensors or model.safetensors.index.json; GPT-2, "
+                               "LLaMA, Mistral or Qwen2 layout; '' = random init")
 
     # Derived values: one home each, read everywhere.
     @property
@@ -491,6 +500,12 @@ def _validate_device_levers(cfg: Config) -> None:
 def _validate_sources(cfg: Config) -> None:
     """What a MindRecord corpus or Hugging Face weights cannot be combined with."""
     d = cfg.data
+    if d.tokenizer not in BUILT_IN_TOKENIZERS and d.format == "text":
+        path = Path(d.tokenizer).expanduser()
+        if not (path.is_file() or (path / "tokenizer.json").is_file()):
+            raise ConfigError(f"data.tokenizer={d.tokenizer!r} is neither {', '.join(BUILT_IN_TOKENIZERS)} nor a "
+                              f"Hugging Face tokenizer.json (the file, or a folder holding one such as the init_from "
+                              f"folder); pass one of those")
     if d.format == "mindrecord":
         if len(d.corpus) != 1:
             raise ConfigError(f"data.format=mindrecord reads one MindRecord set, got data.corpus={d.corpus}; pass its "
@@ -548,9 +563,11 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, raw = item.split("=", 1)
     key = key.strip()
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_text(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except YamlRefused as exc:
+        raise ConfigError(f"override {item!r} {exc}") from None
     return key, value
 
 
@@ -610,12 +627,17 @@ def as_written(data: dict) -> Config:
 def load_written(path: str | os.PathLike) -> Config:
     """`as_written` of a config.yaml a record or rollback point wrote; ConfigError (one line) if it cannot be read."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not valid YAML"
-        raise ConfigError(f"{str(path)!r} cannot be read ({why}); it belongs to a run record or rollback point: "
-                          f"restore it, or run again into a new folder") from None
-    return as_written(data)
+        data = load_file(path)
+    except OSError as exc:
+        why = f"cannot be read ({exc.strerror})"
+    except yaml.YAMLError:
+        why = "cannot be read (not valid YAML)"
+    except YamlRefused as exc:
+        why = exc.problem
+    else:
+        return as_written(data)
+    raise ConfigError(f"{str(path)!r} {why}; it belongs to a run record or rollback point: restore it, or run again "
+                      f"into a new folder")
 
 
 def load_config(path: str | os.PathLike | None = None,
@@ -629,10 +651,9 @@ def load_config(path: str | os.PathLike | None = None,
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing YAML file to --config")
         try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
-                              f"offset {exc.start}); save it as UTF-8") from None
+            data = load_file(p) or {}
+        except YamlRefused as exc:
+            raise ConfigError(f"config file {str(p)!r} {exc}") from None
         except OSError as exc:
             raise ConfigError(f"config file {str(p)!r} cannot be read ({exc.strerror})") from None
         except yaml.YAMLError as exc:
@@ -708,6 +729,8 @@ def absolute_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config
     """
     corpus = [str(absolute(c, base)) if absolute(c, base).exists() else c for c in cfg.data.corpus]
     changes = {"data.corpus": corpus}
+    if cfg.data.tokenizer not in BUILT_IN_TOKENIZERS and absolute(cfg.data.tokenizer, base).exists():
+        changes["data.tokenizer"] = str(absolute(cfg.data.tokenizer, base))
     for key in ("compile_cache_path", "resume_from", "init_from"):
         value = getattr(cfg, key)
         if value:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 
 import yaml
 
+from helpers.bounded_yaml import YamlRefused, load_file
 from helpers.paths import NOTEBOOKS_DIR, REPORTS_DIR
 from helpers.tune.ledger import RoundError, WorkbookLock
 from helpers.spawn import zygote
@@ -135,7 +136,9 @@ def load_params(path: str | os.PathLike | None) -> dict[str, Any]:
     if not p.is_file():
         raise WorkbookError(f"parameters file {str(p)!r} does not exist; pass an existing YAML file to --params")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = load_file(p)
+    except YamlRefused as exc:
+        raise WorkbookError(f"parameters file {str(p)!r} {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise WorkbookError(f"parameters file {str(p)!r} is not valid YAML"

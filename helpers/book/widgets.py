@@ -8,9 +8,9 @@ import html
 from typing import Any
 
 import ipywidgets as w
-import yaml
 from IPython.display import display
 
+from helpers.bounded_yaml import YamlRefused, load_text
 from helpers.config import ConfigError, all_keys, flatten, with_changes
 from helpers.tune.ledger import RoundError
 from helpers.book.live import LiveCurves
@@ -24,7 +24,13 @@ def parse_values(text: str) -> list[Any]:
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
         raise ConfigError("no candidate values; type one or more, comma-separated, e.g. 24, 48")
-    return [yaml.safe_load(item) for item in items]
+    values = []
+    for item in items:
+        try:
+            values.append(load_text(item))
+        except YamlRefused as exc:
+            raise ConfigError(f"candidate value {item!r} {exc}") from None
+    return values
 
 
 class RoundPanel:

@@ -29,6 +29,10 @@ FEEDS = {"mf.batch_size": "batch_size", "mf.beta1": "betas", "mf.beta2": "betas"
          "mf.family": "model.mlp", "mf.rotary_fraction": "(checked)"}
 # Whole sections converted as one value.
 SECTION_RULES = {"grouped_lr_schedule": grouped_lr, f"{M}quantization_config": quantized}
+# A report of refusals stays bounded however many keys a file holds: a close-match search costs ~1 ms a key (10 min
+# for 600k unknown keys), and past a few dozen refusals the file is the wrong one, not a recipe with typos.
+HINTED_REFUSALS = 20  # refusals searched for a "did you mean"
+LISTED_REFUSALS = 100  # refusals the report lists; it counts the rest
 
 
 @dataclass(frozen=True)
@@ -147,15 +151,18 @@ def _architecture_refusal(data: dict) -> Refusal | None:
     return None
 
 
-def _convert(key: str, value: Any) -> tuple[dict, Row | None, Refusal | None]:
-    """What one source key sets and its row, or its refusal."""
+def _convert(key: str, value: Any, suggest: bool = True) -> tuple[dict, Row | None, Refusal | None]:
+    """What one source key sets and its row, or its refusal; with `suggest` an unknown key's refusal names the
+    closest known key."""
     rule = _rule(key)
     if rule is None:
         why = _ignored_why(key)
         if why is not None:
             return {}, Row(key, value, "not used here", why), None
-        known = [*RUN_KEYS, *(M + k for k in MODEL_KEYS), *IGNORED_KEYS, *IGNORED_SECTIONS]
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        close = []
+        if suggest:
+            known = [*RUN_KEYS, *(M + k for k in MODEL_KEYS), *IGNORED_KEYS, *IGNORED_SECTIONS]
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
         hint = f"did you mean '{close[0]}'? " if close else ""
         return {}, None, Refusal(key, value, f"not a key the import knows; {hint}fix or remove it (the mapped keys "
                                              f"are in helpers/mindformers/)")
@@ -198,7 +205,7 @@ def import_mindformers(data: dict, reduce: bool = False, source: str = "the reci
         items += [(f"{M}{k}", v) for k, v in leaves(hf) if f"{M}{k}" not in in_yaml and k in MODEL_KEYS]
     family: dict = {}  # what the family implies; any key the recipe sets itself wins
     for key, value in items:
-        got, row, refusal = _convert(key, value)
+        got, row, refusal = _convert(key, value, suggest=len(refusals) < HINTED_REFUSALS)
         (family if key in (f"{M}type", f"{M}model_type") else raw).update(got)
         rows.append(row) if row else refusals.append(refusal)
     raw = {**family, **raw}
@@ -210,8 +217,10 @@ def import_mindformers(data: dict, reduce: bool = False, source: str = "the reci
     refusals += [Refusal(*r) for r in later]
     hard = [r for r in refusals if not (reduce and r.reduced)]
     if hard:
-        lines = "; ".join(r.line() for r in hard) if len(hard) == 1 else "\n" + "\n".join(f"  - {r.line()}"
-                                                                                        for r in hard)
+        shown = [r.line() for r in hard[:LISTED_REFUSALS]]
+        if len(hard) > LISTED_REFUSALS:
+            shown.append(f"… and {len(hard) - LISTED_REFUSALS:,} more")
+        lines = shown[0] if len(hard) == 1 else "\n" + "\n".join(f"  - {line}" for line in shown)
         raise RecipeRefused(f"{source}: {len(hard)} key{'s' * (len(hard) > 1)} cannot be honoured here (nothing "
                             f"written): {lines}", hard)
     reductions = [r for r in refusals if r.reduced]
