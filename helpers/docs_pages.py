@@ -1,6 +1,6 @@
 """The docs site's reference pages, generated from the code that defines them: the config keys (`helpers/config.py`),
-the CLI (`helpers.cli.parser()`), troubleshooting (`helpers/tune/troubleshooting.yaml`) and the MindFormers keys
-(`helpers.mindformers.reference`).
+the CLI (`helpers.cli.parser()`), troubleshooting (`helpers/tune/troubleshooting.yaml`), the MindFormers keys
+(`helpers.mindformers.reference`) and the Hugging Face config.json keys (`helpers.run.hf_keys_reference`).
 
     python -m helpers.docs_pages --write    rewrite docs/reference/*.md and docs/troubleshooting.md
     python -m helpers.docs_pages --check    exit 1 naming each page that differs from what the code generates
@@ -18,6 +18,7 @@ from typing import Callable
 from helpers import config as config_module
 from helpers.cli import INTERNAL, parser
 from helpers.mindformers.reference import mapping_markdown
+from helpers.run.hf_keys_reference import keys_markdown
 from helpers.tune.diagnose import troubleshooting_table
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -107,10 +108,17 @@ def mindformers_page() -> str:
     return f"{title}\n\n{GENERATED.format(source='`helpers/mindformers/`')}\n{rest}"
 
 
+def hf_keys_page() -> str:
+    """What the Hugging Face import does with each config.json key (helpers.run.hf_keys_reference)."""
+    title, rest = keys_markdown().split("\n", 1)
+    return f"{title}\n\n{GENERATED.format(source='`helpers/run/hf_config_keys.py`')}\n{rest}"
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "reference/config.md": config_page,
     "reference/cli.md": cli_page,
     "reference/mindformers-keys.md": mindformers_page,
+    "reference/hf-config-keys.md": hf_keys_page,
     "troubleshooting.md": troubleshooting_page,
 }
 

@@ -1,127 +1,209 @@
-"""Hugging Face weights in and out of the workbook's model: a GPT-2- or LLaMA-layout safetensors checkpoint loaded
-into `model.GPT` (`init_from`), and the model written back in its layout (`python -m helpers export`).
+"""Hugging Face weights in and out of the workbook's model: a GPT-2-, LLaMA-, Mistral- or Qwen2-layout safetensors
+checkpoint loaded into `model.GPT` (`init_from`), and the model written back in its layout (`python -m helpers
+export`).
 
-A layout is data (`GPT2`, `LLAMA`): its tensor names mapped to ours, each with the transform between the two, the
-model settings it needs, and its config.json keys that name our settings. GPT-2's Conv1D stores [in, out] where
-nn.Dense stores [out, in]; its wpe holds n_positions rows where our `pos` holds model.seq_len (the first rows are
-the ones a shorter context uses). LLaMA's Linear weights are [out, in] as ours; Hugging Face stores its q/k rows in
-the 'rotate half' order that `model.positions: rope` uses, so no permutation is needed; its head is untied
-(`model.tie_head: false`) unless tie_word_embeddings says otherwise; num_key_value_heads < num_attention_heads is
-grouped-query attention (`model.n_kv_head`). Qwen2 is LLaMA's layout with a bias on q, k and v (`model.qkv_bias`).
-The rotary settings come from rope_theta/rope_scaling, or from transformers 5's rope_parameters, which holds both.
-safetensors' NumPy API only: no torch.
+Everything a checkpoint says is checked before any tensor data is read (`inspect`): the files are the ones
+transformers reads (`hf_files`), each tensor is float, config.json is readable and each of its keys is honoured,
+checked or ignored as its architecture's table says (`hf_config_keys`), its model_type agrees with the tensors'
+layout (`hf_layouts`), and its dims agree with the tensors' shapes. What the model must then change is named in one
+line of `set key=value` that the config accepts, or, when no value fits, the line says it cannot be imported.
+Loading reads every tensor as float32 and refuses a NaN or infinity by name. safetensors' format only: no torch.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from helpers.config import ConfigError, ModelConfig
+from helpers.config import ConfigError, ModelConfig, from_dict
+from helpers.run.hf_config_keys import ACTIVATIONS, ARCHITECTURES, BY_LAYOUT, Architecture, AtMost, assumed_values, \
+    completed, read_config, show
+from helpers.run.hf_files import WEIGHTS_FILE, Files, Stored, few, files_of, floats_only, load, stored
+from helpers.run.hf_layouts import GPT2, LAYOUTS, LLAMA, QWEN2, Layout, dims_of, expand, layout_of
+from helpers.run.weights_error import WeightsError
 
-WEIGHTS_FILE, CONFIG_FILE = "model.safetensors", "config.json"
-
-
-class WeightsError(ConfigError):
-    """Weights that cannot go into the model as configured; the message is one line naming what and the fix."""
+CONFIG_FILE = "config.json"
+KEYS_PAGE = "docs/reference/hf-config-keys.md"
 
 
 @dataclass(frozen=True)
-class Layout:
-    """A checkpoint layout. marker: a name ending only this layout has; tensors: their name ({i} = block index) →
-    (our parameter name, transform); model: the workbook settings the model needs for it (a tuple: any of those
-    values, the first one suggested); settings: their
-    config.json key → our key; prefix: an optional leading part of their names; ignored: name endings that are
-    buffers, not weights; head / embedding: their output-layer and token-embedding names (a tied model takes a head
-    equal to the embedding, an untied one maps it to `head_weight`); activations: config.json activation → model.mlp."""
-    name: str
-    marker: str
-    tensors: dict[str, tuple[str, str]]
-    model: dict[str, object]
-    settings: dict[str, str]
-    prefix: str = ""
-    ignored: tuple[str, ...] = ()
-    head: str = "lm_head.weight"
-    embedding: str = ""
-    activations: dict[str, str] = field(default_factory=dict)
+class Checkpoint:
+    """A checkpoint checked up front (no tensor data read): where it was named, its files, its weights (buffers such
+    as GPT-2's causal masks left out), its layout and architecture, its config.json as transformers reads it ({} when
+    there is none) and the workbook settings its model needs (an AtMost value bounds a setting from above)."""
+    where: str
+    files: Files
+    tensors: dict[str, Stored]
+    layout: Layout
+    arch: Architecture
+    config: dict
+    wanted: dict[str, Any]
 
 
-GPT2 = Layout(
-    name="GPT-2",
-    marker="attn.c_attn.weight",
-    tensors={
-        "wte.weight": ("tok.embedding_table", "same"),
-        "wpe.weight": ("pos", "positions"),
-        "h.{i}.ln_1.weight": ("blocks.{i}.norm1.gamma", "same"),
-        "h.{i}.ln_1.bias": ("blocks.{i}.norm1.beta", "same"),
-        "h.{i}.attn.c_attn.weight": ("blocks.{i}.attn.qkv.weight", "conv1d"),
-        "h.{i}.attn.c_attn.bias": ("blocks.{i}.attn.qkv.bias", "same"),
-        "h.{i}.attn.c_proj.weight": ("blocks.{i}.attn.proj.weight", "conv1d"),
-        "h.{i}.attn.c_proj.bias": ("blocks.{i}.attn.proj.bias", "same"),
-        "h.{i}.ln_2.weight": ("blocks.{i}.norm2.gamma", "same"),
-        "h.{i}.ln_2.bias": ("blocks.{i}.norm2.beta", "same"),
-        "h.{i}.mlp.c_fc.weight": ("blocks.{i}.mlp.up.weight", "conv1d"),
-        "h.{i}.mlp.c_fc.bias": ("blocks.{i}.mlp.up.bias", "same"),
-        "h.{i}.mlp.c_proj.weight": ("blocks.{i}.mlp.down.weight", "conv1d"),
-        "h.{i}.mlp.c_proj.bias": ("blocks.{i}.mlp.down.bias", "same"),
-        "ln_f.weight": ("norm.gamma", "same"),
-        "ln_f.bias": ("norm.beta", "same"),
-    },
-    model={"model.norm": "layernorm", "model.bias": True, "model.qkv": ("fused", "fused_slice"),
-           "model.positions": "learned", "model.tie_head": True, "model.n_kv_head": 0},
-    settings={"n_layer": "model.n_layer", "n_head": "model.n_head", "n_embd": "model.d_model",
-              "vocab_size": "model.vocab_size"},
-    prefix="transformer.",
-    ignored=(".attn.bias", ".attn.masked_bias"),  # causal-mask buffers that older GPT-2 files carry
-    embedding="wte.weight",
-    activations={"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"},
-)
+def _config(path: Path, where: str) -> dict | None:
+    """config.json beside the weights, None when there is none; a file that is there and unreadable is refused."""
+    file = (path if path.is_dir() else path.parent) / CONFIG_FILE
+    if not file.exists():
+        return None
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise WeightsError(f"init_from={where!r} cannot be imported: its {CONFIG_FILE} cannot be read ({why}); "
+                           f"restore the file from where the checkpoint came from") from None
+    if not isinstance(config, dict):
+        raise WeightsError(f"init_from={where!r} cannot be imported: its {CONFIG_FILE} is a JSON "
+                           f"{type(config).__name__}, not an object of key: value; restore the file")
+    return config
 
-LLAMA_TENSORS = {
-    "embed_tokens.weight": ("tok.embedding_table", "same"),
-    "layers.{i}.input_layernorm.weight": ("blocks.{i}.norm1.weight", "same"),
-    "layers.{i}.self_attn.q_proj.weight": ("blocks.{i}.attn.q.weight", "same"),
-    "layers.{i}.self_attn.k_proj.weight": ("blocks.{i}.attn.k.weight", "same"),
-    "layers.{i}.self_attn.v_proj.weight": ("blocks.{i}.attn.v.weight", "same"),
-    "layers.{i}.self_attn.o_proj.weight": ("blocks.{i}.attn.proj.weight", "same"),
-    "layers.{i}.post_attention_layernorm.weight": ("blocks.{i}.norm2.weight", "same"),
-    "layers.{i}.mlp.gate_proj.weight": ("blocks.{i}.mlp.gate.weight", "same"),
-    "layers.{i}.mlp.up_proj.weight": ("blocks.{i}.mlp.up.weight", "same"),
-    "layers.{i}.mlp.down_proj.weight": ("blocks.{i}.mlp.down.weight", "same"),
-    "norm.weight": ("norm.weight", "same"),
-}
-LLAMA_MODEL = {"model.norm": "rmsnorm", "model.bias": False, "model.qkv": "separate", "model.positions": "rope",
-               "model.mlp": "swiglu"}
-# the rotary settings are read by `_rope`, from rope_theta/rope_scaling or rope_parameters
-LLAMA_SETTINGS = {"num_hidden_layers": "model.n_layer", "num_attention_heads": "model.n_head",
-                  "num_key_value_heads": "model.n_kv_head", "hidden_size": "model.d_model",
-                  "vocab_size": "model.vocab_size", "intermediate_size": "model.mlp_hidden",
-                  "rms_norm_eps": "model.rms_eps", "tie_word_embeddings": "model.tie_head"}
-LLAMA = Layout(
-    name="LLaMA",
-    marker="self_attn.q_proj.weight",
-    tensors=LLAMA_TENSORS,
-    model={**LLAMA_MODEL, "model.qkv_bias": False},
-    settings=LLAMA_SETTINGS,
-    prefix="model.",
-    ignored=("rotary_emb.inv_freq",),
-    embedding="embed_tokens.weight",
-)
-QWEN2 = Layout(
-    name="Qwen2",
-    marker="self_attn.q_proj.bias",
-    tensors={**LLAMA_TENSORS, **{f"layers.{{i}}.self_attn.{n}_proj.bias": (f"blocks.{{i}}.attn.{n}.bias", "same")
-                                 for n in "qkv"}},
-    model={**LLAMA_MODEL, "model.qkv_bias": True},
-    settings=LLAMA_SETTINGS,
-    prefix="model.",
-    ignored=("rotary_emb.inv_freq",),
-    embedding="embed_tokens.weight",
-)
-LAYOUTS = (GPT2, QWEN2, LLAMA)  # Qwen2 before LLaMA: its names are LLaMA's and the q,k,v biases
-ROPE_TYPES = {"default": "none", "linear": "linear"}  # Hugging Face rope_type → model.rope_scaling
+
+def file_settings(path: str | Path) -> dict:
+    """The checkpoint's config.json beside it (a folder's, or the file's folder's), or {} when there is none; an
+    unreadable one is a WeightsError."""
+    return _config(Path(path), str(path)) or {}
+
+
+def _architecture(layout: Layout, config: dict | None, where: str) -> Architecture:
+    model_type = (config or {}).get("model_type", BY_LAYOUT[layout.name])
+    if model_type not in ARCHITECTURES:
+        raise WeightsError(f"init_from={where!r} cannot be imported: its {CONFIG_FILE} has model_type="
+                           f"{show(model_type)} and the workbook imports {', '.join(ARCHITECTURES)}")
+    return ARCHITECTURES[model_type]
+
+
+def _as_read(arch: Architecture, layout: Layout, file: dict | None, tensors: dict[str, Stored]) -> tuple[dict, dict]:
+    """config.json completed as transformers reads it (defaults, and the dims it leaves out taken from the weights;
+    without a config.json, the weights' dims alone), and those dims."""
+    dims, kv_rows = dims_of(layout, {k: v.shape for k, v in tensors.items()})
+    if file is None:
+        return dict(dims), dims
+    config = completed(arch, file, dims)
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    head = config.get("head_dim") or (hidden // heads if heads and hidden else 0)
+    if kv_rows and head:  # the k,v heads follow from k_proj's rows and the head size
+        dims["num_key_value_heads"] = kv_rows // head if kv_rows % head == 0 else kv_rows / head
+        config = completed(arch, file, dims)
+    return config, dims
+
+
+def inspect(path: str | Path) -> Checkpoint:
+    """The checkpoint at `path` (a .safetensors file, or a folder as transformers reads it) with every refusal that
+    needs no tensor data made: files, dtypes, config.json, its keys, its model_type and its dims against the
+    weights."""
+    where = str(path)
+    files = files_of(Path(path), where)
+    found = stored(files, where)
+    layout = layout_of(list(found), where)
+    tensors = floats_only({n: e for n, e in found.items() if not n.endswith(layout.ignored)}, where)  # no buffers
+    file = _config(Path(path), where)
+    arch = _architecture(layout, file, where)
+    fits = arch.layout == layout.name
+    config, dims = _as_read(arch, layout, file, tensors) if fits else (completed(arch, file, {}), {})
+    settings, problems = read_config(arch, config)
+    if problems:
+        raise WeightsError(f"init_from={where!r} cannot be imported: in its {CONFIG_FILE} ({arch.name}), "
+                           f"{'; '.join(problems)}; {KEYS_PAGE} lists what each key may be")
+    if not fits:
+        raise WeightsError(f"init_from={where!r} cannot be imported: its {CONFIG_FILE} says model_type="
+                           f"{show(config.get('model_type'))} ({arch.layout} layout) and its tensors are in the "
+                           f"{layout.name} layout; fix config.json or pass the folder these weights belong with")
+    keys = arch.keys
+    wrong = [f"{k}={show(file[k])} where the weights hold {held}" for k, held in dims.items()
+             if file is not None and k in file and keys[k].read(file[k], config) != keys[k].read(held, config)]
+    if wrong:
+        raise WeightsError(f"init_from={where!r} cannot be imported: its {CONFIG_FILE} does not describe its weights "
+                           f"({', '.join(wrong)}); fix config.json or pass the folder these weights belong with")
+    wanted = {**layout.model, **settings}
+    if file is None and layout is not GPT2:  # no word on tying: a head of its own when the file has one
+        wanted["model.tie_head"] = not any(n.endswith(layout.head) for n in tensors)
+    return Checkpoint(where, files, tensors, layout, arch, config if file is not None else {}, wanted)
+
+
+def _unbuildable(changes: dict[str, Any], m: ModelConfig | None = None) -> str:
+    """Why the config refuses the model `m` (default: the workbook's default model) with `changes` (dotted model
+    keys), or '' when it accepts it."""
+    model = {**(asdict(m) if m else {}), **{k.split(".", 1)[1]: v for k, v in changes.items()}}
+    try:
+        from_dict({"model": model})
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+def _plain(wanted: dict[str, Any]) -> dict[str, Any]:
+    """The settings as values to set: the first of a choice, the bound of an AtMost."""
+    return {k: v[0] if isinstance(v, tuple) else v.limit if isinstance(v, AtMost) else v for k, v in wanted.items()}
+
+
+def _refuse_unbuildable(ckpt: Checkpoint) -> None:
+    """A checkpoint whose model the config refuses whatever else it sets cannot be imported: one line saying why."""
+    problem = _unbuildable({"model.preset": "custom", **_plain(ckpt.wanted)})
+    if problem:
+        raise WeightsError(f"init_from={ckpt.where!r} is a {ckpt.arch.name} checkpoint and cannot be imported: the "
+                           f"model it needs is one the workbook does not build ({problem})")
+
+
+def model_settings(path: str | Path) -> dict:
+    """The workbook settings a checkpoint needs (its layout's fixed knobs, then the dims and knobs its config.json
+    and tensors give), as {dotted key: value} for `config.with_changes`; bounds such as a sliding window are checked
+    when it is loaded (`check_model`)."""
+    ckpt = inspect(path)
+    _refuse_unbuildable(ckpt)
+    return {"model.preset": "custom", **{k: v for k, v in _plain(ckpt.wanted).items()
+                                        if not isinstance(ckpt.wanted[k], AtMost)}}
+
+
+def _differences(wanted: dict[str, Any], m: ModelConfig, vocab: int = 0) -> dict[str, Any]:
+    """The settings the model must change to have `wanted`, each with the value to set; {} when it has them.
+    vocab: the vocabulary the model was built with (its model.vocab_size when 0)."""
+    wrong = {}
+    for key, want in wanted.items():
+        name = key.split(".", 1)[1]
+        have = {"mlp_hidden": m.ffn_hidden, "n_kv_head": m.kv_heads, "vocab_size": vocab or m.vocab_size}.get(
+            name, getattr(m, name))
+        options = want if isinstance(want, tuple) else (want,)
+        if name == "n_kv_head":  # 0 means n_head: multi-head attention either way
+            heads = wanted.get("model.n_head", m.n_head)
+            have, options = m.n_kv_head or heads, (want or heads,)
+        if isinstance(want, AtMost):
+            if have > want.limit:
+                wrong[key] = want.limit
+        elif have not in options:
+            wrong[key] = want[0] if isinstance(want, tuple) else want
+    return wrong
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def check_model(ckpt: Checkpoint, m: ModelConfig, vocab: int = 0) -> None:
+    """One WeightsError line naming every setting to change, with values the config accepts, when the model does
+    not match the checkpoint; or saying it cannot be imported when no such values exist (vocab: the vocabulary the
+    model was built with)."""
+    wrong = _differences(ckpt.wanted, m, vocab)
+    if not wrong:
+        return
+    _refuse_unbuildable(ckpt)
+    what = f" (activation {ckpt.config.get('activation_function')})" if ckpt.layout is GPT2 and ckpt.config else ""
+    settings = " ".join(f"{k}={_text(v)}" for k, v in wrong.items())
+    problem = _unbuildable(wrong, m)
+    if problem:  # the checkpoint's model is buildable; this config's other settings are what refuse it
+        raise WeightsError(f"init_from={ckpt.where!r} is a {ckpt.arch.name} checkpoint{what}; the model must match "
+                           f"it ({settings}), which this config's other settings do not allow: {problem}")
+    raise WeightsError(f"init_from={ckpt.where!r} is a {ckpt.arch.name} checkpoint{what}; the model must match it: "
+                       f"set {settings}")
+
+
+def read_tensors(path: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint at `path` (the files transformers reads there) as float32, by name; a tensor
+    that is not float or not finite is a WeightsError naming it and its file."""
+    where = str(path)
+    tensors = floats_only(stored(files_of(Path(path), where), where), where)
+    return {name: load(name, entry, where) for name, entry in tensors.items()}
 
 
 def _to_ours(transform: str, theirs: np.ndarray, seq_len: int) -> np.ndarray:
@@ -140,171 +222,6 @@ def _to_theirs(transform: str, ours: np.ndarray) -> np.ndarray:
     return ours
 
 
-def expand(layout: Layout, n_layer: int, tie_head: bool = True) -> dict[str, tuple[str, str]]:
-    """The layout's table for `n_layer` blocks: their name → (our name, transform); an untied model's head too."""
-    out = {}
-    for theirs, (ours, transform) in layout.tensors.items():
-        for i in range(n_layer) if "{i}" in theirs else [0]:
-            out[theirs.format(i=i)] = (ours.format(i=i), transform)
-    if not tie_head:
-        out[layout.head] = ("head_weight", "same")
-    return out
-
-
-def _files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
-    if not files:
-        what = "has no .safetensors file" if path.is_dir() else "does not exist"
-        raise WeightsError(f"init_from={str(path)!r} {what}; pass a .safetensors file or a folder holding them")
-    return files
-
-
-def read_tensors(path: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of a .safetensors file, or of all such files in a folder (a sharded checkpoint), by name."""
-    from safetensors.numpy import load_file
-    tensors: dict[str, np.ndarray] = {}
-    for file in _files(Path(path)):
-        try:
-            tensors.update(load_file(str(file)))
-        except Exception as exc:  # safetensors raises its own error types, and TypeError for bfloat16 in NumPy
-            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise WeightsError(f"cannot read {str(file)!r} as safetensors ({why}); pass an uncorrupted float32 or "
-                               f"float16 .safetensors file (NumPy has no bfloat16: convert such a file first)") from None
-    return tensors
-
-
-def file_settings(path: str | Path) -> dict:
-    """The checkpoint's config.json beside it (a folder's, or the file's folder's), or {} when there is none."""
-    path = Path(path)
-    config = (path if path.is_dir() else path.parent) / CONFIG_FILE
-    try:
-        return json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-
-
-def names_of(path: str | Path) -> list[str]:
-    """The tensor names of the checkpoint at `path` (a file or a folder of them), read without loading them."""
-    from safetensors import safe_open
-    names: list[str] = []
-    for file in _files(Path(path)):
-        try:
-            with safe_open(str(file), framework="np") as fh:
-                names += list(fh.keys())
-        except Exception as exc:  # noqa: BLE001  safetensors' own error types
-            raise WeightsError(f"cannot read {str(file)!r} as safetensors ({str(exc).splitlines()[0]}); pass an "
-                               f"uncorrupted .safetensors file") from None
-    return names
-
-
-def _rope(settings: dict) -> dict:
-    """The rotary settings of a config.json: transformers 5's rope_parameters (rope_type, rope_theta, factor, …),
-    else rope_theta and rope_scaling; Hugging Face's defaults (theta 10000, no scaling) where it names none.
-    model.rope_scaling holds the file's rope_type as it is when the workbook has no such scaling."""
-    params = {**(settings.get("rope_scaling") or {}), **(settings.get("rope_parameters") or {})}
-    if any(isinstance(v, dict) for v in params.values()):  # one set per attention type (Gemma-style)
-        return {"model.rope_scaling": f"per-layer-type ({', '.join(params)})"}
-    kind = params.get("rope_type", params.get("type", "default"))
-    out = {"model.rope_theta": float(params.get("rope_theta", settings.get("rope_theta", 10000.0))),
-           "model.rope_scaling": ROPE_TYPES.get(kind, kind)}
-    if kind == "linear":
-        out["model.rope_scaling_factor"] = float(params.get("factor", 1.0))
-    return out
-
-
-def _file_model(layout: Layout, settings: dict) -> dict:
-    """The workbook settings the file's config.json names (GPT-2's activation → model.mlp, then dims and knobs, and
-    a rotary layout's rope settings)."""
-    out = {}
-    if layout.activations:
-        act = settings.get("activation_function", "gelu_new")
-        out["model.mlp"] = layout.activations.get(act, act)
-    out.update({ours: settings[theirs] for theirs, ours in layout.settings.items() if theirs in settings})
-    if settings and layout.model.get("model.positions") == "rope":
-        out.update(_rope(settings))
-    return out
-
-
-def model_settings(path: str | Path) -> dict:
-    """The workbook settings a checkpoint needs (its layout's fixed knobs, then the dims and knobs its config.json
-    names), as {dotted key: value} for `config.with_changes`."""
-    names = names_of(path)
-    layout = layout_of(names, str(path))
-    settings = file_settings(path)
-    _refuse_unsupported(layout, settings, str(path))
-    fixed = {k: v[0] if isinstance(v, tuple) else v for k, v in layout.model.items()}
-    out = {"model.preset": "custom", **fixed, **_file_model(layout, settings)}
-    if "model.tie_head" not in out:  # no config.json: a head of its own when the file has one
-        out["model.tie_head"] = not any(n.endswith(layout.head) for n in names)
-    return out
-
-
-def layout_of(names: list[str], where: str) -> Layout:
-    """The layout whose marker the names carry; a one-line WeightsError for one the workbook does not know."""
-    for layout in LAYOUTS:
-        if any(n.endswith(layout.marker) for n in names):
-            return layout
-    raise WeightsError(f"init_from={where!r} is in no layout the workbook knows (names such as "
-                       f"{', '.join(sorted(names)[:3])}); pass a GPT-2-layout (wte, h.N.attn.c_attn, …) or "
-                       f"LLaMA-layout (model.embed_tokens, model.layers.N.self_attn.q_proj, …) checkpoint")
-
-
-def _refuse_unsupported(layout: Layout, settings: dict, where: str) -> None:
-    """What a LLaMA or Qwen2 config.json may ask that the model cannot do: a rotary scaling other than linear, another
-    MLP activation, a head size of its own, biases beyond q, k, v, a sliding attention window."""
-    if layout.model.get("model.positions") != "rope" or not settings:
-        return
-    kind = _rope(settings)["model.rope_scaling"]
-    if kind not in ROPE_TYPES.values():
-        raise WeightsError(f"init_from={where!r} scales its rotary positions with rope type {kind!r}, which the "
-                           f"workbook's model does not implement (model.rope_scaling: none or linear); use a "
-                           f"checkpoint without rope scaling or with linear scaling")
-    act, heads = settings.get("hidden_act", "silu"), settings.get("num_attention_heads")
-    if act != "silu":
-        raise WeightsError(f"init_from={where!r} gates its MLP with hidden_act={act} and the workbook's SwiGLU "
-                           f"(model.mlp=swiglu) with silu; use a checkpoint whose hidden_act is silu")
-    head_dim, hidden = settings.get("head_dim"), settings.get("hidden_size")
-    if head_dim and heads and hidden and head_dim * heads != hidden:
-        raise WeightsError(f"init_from={where!r} has heads of head_dim={head_dim} and hidden_size={hidden} / "
-                           f"num_attention_heads={heads} = {hidden / heads:g}; the workbook's heads are "
-                           f"d_model/n_head wide: use a checkpoint with head_dim × num_attention_heads = hidden_size")
-    extra = [k for k in ("attention_bias", "mlp_bias", "use_sliding_window") if settings.get(k)]
-    if extra:
-        raise WeightsError(f"init_from={where!r} sets {', '.join(f'{k}=true' for k in extra)}, which the workbook's "
-                           f"model does not have (model.qkv_bias puts a bias on q, k, v only); use a checkpoint "
-                           f"without them")
-
-
-def mismatched(layout: Layout, m: ModelConfig, settings: dict, vocab: int = 0) -> list[str]:
-    """The settings (key=value) the model must change to match a checkpoint of `layout` whose config.json holds
-    `settings`; [] when it matches. vocab: the vocabulary the model was built with (its model.vocab_size when 0)."""
-    wanted = {**layout.model, **_file_model(layout, settings)}
-    wrong = []
-    for key, want in wanted.items():
-        name = key.split(".", 1)[1]
-        have = {"mlp_hidden": m.ffn_hidden, "n_kv_head": m.kv_heads, "vocab_size": vocab or m.vocab_size}.get(
-            name, getattr(m, name))
-        if name == "n_kv_head":  # 0 and n_head are both multi-head attention
-            want = want or settings.get("num_attention_heads", m.n_head)
-        if have not in (want if isinstance(want, tuple) else (want,)):
-            value = want[0] if isinstance(want, tuple) else want
-            wrong.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
-    return wrong
-
-
-def check_model(layout: Layout, m: ModelConfig, settings: dict, where: str, vocab: int = 0) -> None:
-    """One WeightsError line naming every setting to change when the model does not match the checkpoint (vocab: the
-    vocabulary the model was built with)."""
-    _refuse_unsupported(layout, settings, where)
-    wrong = mismatched(layout, m, settings, vocab)
-    if wrong:
-        what = f" (activation {settings.get('activation_function', 'gelu_new')})" if layout.activations else ""
-        raise WeightsError(f"init_from={where!r} is a {layout.name} checkpoint{what}; the model must match it: set "
-                           f"{' '.join(wrong)}")
-
-
 def to_ours(tensors: dict[str, np.ndarray], layout: Layout, expected: dict[str, tuple], m: ModelConfig,
             where: str) -> dict[str, np.ndarray]:
     """Their tensors as our parameters (float32), checked against `expected` (our name → shape); a key or shape
@@ -314,8 +231,10 @@ def to_ours(tensors: dict[str, np.ndarray], layout: Layout, expected: dict[str, 
     if m.tie_head:
         head = named.pop(layout.head, None)
         if head is not None and (layout.embedding not in named or not np.array_equal(head, named[layout.embedding])):
-            raise WeightsError(f"init_from={where!r} has an output layer ({layout.head}) that differs from its token "
-                               f"embedding and the model ties its head to the embedding; set model.tie_head=false")
+            raise WeightsError(f"init_from={where!r} cannot be imported: its {layout.head} differs from its token "
+                               f"embedding and the model ties the two (GPT-2's layout, or tie_word_embeddings true); "
+                               f"use a checkpoint whose head is its embedding, or a LLaMA, Mistral or Qwen2 one whose "
+                               f"{CONFIG_FILE} says tie_word_embeddings false")
     unknown, missing = sorted(set(named) - set(table)), sorted(set(table) - set(named))
     ours, shapes = {}, []
     for theirs, (name, transform) in table.items():
@@ -328,51 +247,50 @@ def to_ours(tensors: dict[str, np.ndarray], layout: Layout, expected: dict[str, 
     if unknown or missing or shapes:
         raise WeightsError(f"init_from={where!r} does not fit the model ({layout.name} layout, model.n_layer="
                            f"{m.n_layer}): key mismatch: {_listed('unknown', unknown)}, {_listed('missing', missing)}; "
-                           f"shape mismatch: {_listed('', shapes) or 'none'}")
+                           f"shape mismatch: {_listed('', shapes)}")
     return ours
 
 
-def _listed(what: str, items: list[str], show: int = 4) -> str:
-    if not items:
-        return f"{what} none".strip()
-    more = f" (+{len(items) - show} more)" if len(items) > show else ""
-    return f"{what} {', '.join(items[:show])}{more}".strip()
+def _listed(what: str, items: list[str]) -> str:
+    return f"{what} {few(items) if items else 'none'}".strip()
 
 
 @dataclass(frozen=True)
 class Loaded:
-    """What `load_into` put into the model: the layout, the tensors set, and the positions used of the file's."""
+    """What `load_into` put into the model: the layout, the tensors set, the positions used of the file's, and the
+    .safetensors files beside the weights that were left out (as transformers leaves them)."""
     layout: str
     tensors: int
     positions: tuple[int, int]  # (model.seq_len, the file's n_positions / max_position_embeddings)
+    ignored_files: tuple[str, ...] = ()
 
 
 def load_into(net, cfg_model: ModelConfig, path: str) -> Loaded:
     """Set the parameters of `net` (a `model.GPT` built for `cfg_model`) from the checkpoint at `path`."""
     import mindspore as ms
-    tensors = read_tensors(path)
-    layout = layout_of(list(tensors), path)
-    settings = file_settings(path)
-    check_model(layout, cfg_model, settings, path, getattr(net, "vocab_size", 0))
+    ckpt = inspect(path)
+    check_model(ckpt, cfg_model, getattr(net, "vocab_size", 0))
+    tensors = {name: load(name, entry, ckpt.where) for name, entry in ckpt.tensors.items()}
     params = {p.name: p for p in net.get_parameters()}
-    ours = to_ours(tensors, layout, {k: p.shape for k, p in params.items()}, cfg_model, path)
+    ours = to_ours(tensors, ckpt.layout, {k: p.shape for k, p in params.items()}, cfg_model, path)
     for name, value in ours.items():
         params[name].set_data(ms.Tensor(value))
     wpe = next((v for k, v in tensors.items() if k.endswith("wpe.weight")), None)
-    known = int(wpe.shape[0]) if wpe is not None else int(settings.get("max_position_embeddings", cfg_model.seq_len))
-    return Loaded(layout.name, len(ours), (cfg_model.seq_len, known))
+    known = int(wpe.shape[0]) if wpe is not None else int(ckpt.config.get("max_position_embeddings",
+                                                                           cfg_model.seq_len))
+    return Loaded(ckpt.layout.name, len(ours), (cfg_model.seq_len, known), ckpt.files.ignored)
 
 
 def layout_for(m: ModelConfig) -> Layout:
     """The layout this model can be written in; a one-line WeightsError when it has none."""
     for layout in LAYOUTS:
-        own = {"activation_function": _activation(layout, m.mlp)} if layout.activations else {}
-        if not mismatched(layout, m, own) and (not layout.activations or m.mlp in layout.activations.values()):
+        if not _differences(layout.model, m) and (layout is not GPT2 or m.mlp in ACTIVATIONS.values()):
             return layout
-    raise WeightsError("this run's model has no Hugging Face layout: GPT-2 needs model.norm=layernorm, model.bias=true, "
-                       "fused q,k,v, learned positions, a tied head, a GELU MLP and model.n_kv_head=0; LLaMA (Qwen2 "
-                       "with model.qkv_bias=true) needs model.norm=rmsnorm, model.bias=false, model.qkv=separate, "
-                       "model.positions=rope and model.mlp=swiglu")
+    raise WeightsError("this run's model has no Hugging Face layout: GPT-2 needs model.norm=layernorm, "
+                       "model.bias=true, fused q,k,v, learned positions, a tied head, a GELU or ReLU² MLP and "
+                       "model.n_kv_head=0; LLaMA (Qwen2 with model.qkv_bias=true) needs model.norm=rmsnorm, "
+                       "model.bias=false, model.qkv=separate, model.positions=rope and model.mlp=swiglu; both need "
+                       "model.qk_norm=false and model.logit_softcap=0")
 
 
 def from_ours(params: dict[str, np.ndarray], m: ModelConfig) -> dict[str, np.ndarray]:
@@ -389,10 +307,6 @@ def from_ours(params: dict[str, np.ndarray], m: ModelConfig) -> dict[str, np.nda
             for theirs, (ours, transform) in table.items()}
 
 
-def _activation(layout: Layout, mlp: str) -> str:
-    return next((act for act, ours in layout.activations.items() if ours == mlp), mlp)
-
-
 def _rope_config(m: ModelConfig) -> dict:
     """The rotary settings as config.json keys: transformers 5's rope_parameters, and rope_theta/rope_scaling for
     older readers."""
@@ -404,21 +318,22 @@ def _rope_config(m: ModelConfig) -> dict:
 
 
 def hf_config(m: ModelConfig, vocab: int) -> dict:
-    """The config.json Hugging Face's GPT-2, LLaMA or Qwen2 classes read for these dims."""
+    """The config.json Hugging Face's GPT-2, LLaMA or Qwen2 classes read for this model: every value the import
+    honours, and the value of each key the import checks."""
     layout = layout_for(m)
     if layout in (LLAMA, QWEN2):
-        kind = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
-                "mlp_bias": False} if layout is LLAMA else \
-            {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": False}
+        kind = {"architectures": ["LlamaForCausalLM"], **assumed_values(ARCHITECTURES["llama"])} if layout is LLAMA \
+            else {"architectures": ["Qwen2ForCausalLM"], **assumed_values(ARCHITECTURES["qwen2"]),
+                  "use_sliding_window": False}
         return {**kind, "vocab_size": vocab, "hidden_size": m.d_model, "intermediate_size": m.ffn_hidden,
                 "num_hidden_layers": m.n_layer, "num_attention_heads": m.n_head, "num_key_value_heads": m.kv_heads,
-                "head_dim": m.d_model // m.n_head, "hidden_act": "silu", "max_position_embeddings": m.seq_len,
-                "rms_norm_eps": m.rms_eps, **_rope_config(m), "tie_word_embeddings": m.tie_head}
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,
+                "head_dim": m.d_model // m.n_head, "max_position_embeddings": m.seq_len, "rms_norm_eps": m.rms_eps,
+                **_rope_config(m), "tie_word_embeddings": m.tie_head}
+    activation = next(act for act, ours in ACTIVATIONS.items() if ours == m.mlp)
+    return {"architectures": ["GPT2LMHeadModel"], **assumed_values(ARCHITECTURES["gpt2"]), "vocab_size": vocab,
             "n_positions": m.seq_len, "n_ctx": m.seq_len, "n_embd": m.d_model, "n_layer": m.n_layer,
-            "n_head": m.n_head, "n_inner": m.ffn_hidden, "activation_function": _activation(GPT2, m.mlp),
-            "layer_norm_epsilon": 1e-5,
-            "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": m.dropout, "tie_word_embeddings": True}
+            "n_head": m.n_head, "n_inner": m.ffn_hidden, "activation_function": activation,
+            "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": m.dropout}
 
 
 def write_checkpoint(out: str | Path, params: dict[str, np.ndarray], m: ModelConfig) -> Path:
