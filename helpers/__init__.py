@@ -32,7 +32,7 @@ _HOMES = {
     "helpers.tune.ttq_search": ("autotune_time_to_target", "recipe_changes"),
     "helpers.tune.ttq_levers": ("lever_changes",),
     "helpers.tune.fusion": ("best_profile", "fusion_base", "op_table_shift", "profile_arms", "round_op_shift",
-                            "shift_summary"),
+                            "runnable_rounds", "shift_summary"),
     "helpers.tune.study": ("accumulation_changes", "accumulation_sweep", "base_config", "compile_cache_runs",
                            "run_rounds", "run_variants", "study_dir", "sweep", "try_config"),
     "helpers.book.report": ("alarms_table", "amp_audit_table", "amp_audit_text", "before_after_table",

@@ -77,6 +77,7 @@ def cmd_resume(args) -> int:
     is written; a run stopped before its first step starts again."""
     from helpers.config import with_changes
     from helpers.run.checkpoints import check_resumable, checkpoint_files
+    from helpers.run.devices import check_device
     run_dir = Path(args.run_dir)
     load_run(run_dir)  # a folder that is no run record: one line before the lock makes anything
     folder_lock.hold(run_dir)
@@ -93,6 +94,7 @@ def cmd_resume(args) -> int:
     else:  # nothing was recorded: the same run from its first step, into its own folder
         changes["resume_from"] = ""
     cfg = with_changes(record.config, changes)
+    check_device(cfg)  # a run folder copied from another machine: one line before MindSpore or msrun start
     check_resumable(cfg)  # a damaged checkpoint or a finished run: one line, exit 2, nothing rewritten
     return _run(cfg, args.run_dir, args.progress)
 
@@ -328,17 +330,21 @@ def _claim_output(out: str, replace: bool, what: str, holds_output) -> None:
 def cmd_prepare(args) -> int:
     """A corpus the workbook knows → a MindRecord set (train, val, tokenizer) that runs read with MindDataset."""
     from helpers.run.data import DataError
-    from helpers.run.mindrecord import MindRecordError
-    from helpers.run.to_mindrecord import TRAIN_FILE, VAL_FILE, write_corpus
+    from helpers.run.mindrecord import TOKENIZER_FILE, TRAIN_FILE, VAL_FILE, MindRecordError
+    from helpers.run.to_mindrecord import write_corpus
     cfg = config_mod.absolute_paths(load_config(args.config, args.set))
     made = not Path(args.out).exists()
+    # The lock stays on --out itself: the set is written into --out/.partial under it and moved into place when
+    # whole, so a second prepare is refused and a killed one leaves only the .partial that readers refuse.
     _claim_output(args.out, args.replace, "a MindRecord set",
-                  lambda p: any((p / name).exists() for name in (TRAIN_FILE, VAL_FILE, "tokenizer.json")))
+                  lambda p: any((p / name).exists() for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE)))
     try:
-        w = write_corpus(cfg, args.out)
-    except (DataError, MindRecordError) as exc:
+        w = write_corpus(cfg, args.out)  # removes its .partial on any failure
+    except BaseException as exc:
         if made and [p.name for p in Path(args.out).iterdir()] == [folder_lock.LOCK_FILE]:
             shutil.rmtree(args.out)  # the folder this command made for a set it could not write
+        if not isinstance(exc, (DataError, MindRecordError)):
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{w.train_rows} train + {w.val_rows} val rows of {w.row_tokens} tokens (vocabulary {w.vocab_size}) → "
@@ -349,7 +355,8 @@ def cmd_prepare(args) -> int:
 def cmd_import_config(args) -> int:
     """A MindFormers-style YAML → a workbook config YAML, its mapping table, and the planner's full-size estimate."""
     from helpers.book.planner import config_plan
-    from helpers.mindformers import config_yaml, import_mindformers, read_yaml, scaled
+    from helpers.mindformers import adapt, config_yaml, import_mindformers, read_yaml
+    from helpers.mindformers.next_step import next_step
     from helpers.record import atomic_write_text
     from helpers.run.outdir import move_aside
     target = Path(args.out)
@@ -359,18 +366,19 @@ def cmd_import_config(args) -> int:
         raise ConfigError(f"--out {args.out!r} already exists; name another file, or --replace moves it aside "
                           f"first. Nothing was written")
     full = import_mindformers(read_yaml(args.source), reduce=bool(args.scale), source=args.source)
-    out = scaled(full, args.scale) if args.scale else full
+    out = adapt(full, args.target or "", args.scale or "")
     if target.exists():
         print(f"moved the earlier {args.out} aside to {move_aside(target)}", file=sys.stderr)
     target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(target, config_yaml(out, args.source, args.scale or ""))
+    flags = " ".join(f"--{k} {v}" for k, v in (("target", args.target), ("scale", args.scale)) if v)
+    atomic_write_text(target, config_yaml(out, args.source, flags))
     print(out.table())
     full_cfg = config_mod.from_dict(full.config)
     if not full_cfg.model.vocab_size:
         print("planner estimate: the recipe names no vocab_size (the tokenizer's); set model.vocab_size for one")
     else:
         _print_estimate(*config_plan(full_cfg))
-    print(f"wrote {args.out}; train it with: python -m helpers train --config {args.out} --out runs/<name>")
+    print(next_step(args.out, args.source, args.scale or ""))
     return 0
 
 
@@ -502,8 +510,14 @@ def _add_bring_your_own_commands(sub) -> None:
     ic = sub.add_parser("import-config", help="map a MindFormers-style training YAML onto a workbook config")
     ic.add_argument("source", help="the MindFormers YAML (model.model_config, runner_config, optimizer, …)")
     ic.add_argument("--out", required=True, help="workbook YAML to write")
+    ic.add_argument("--target", choices=["cpu"], help="cpu: the recipe at its own size on this machine's CPU: "
+                                                      "fp32, no flash attention or Ascend-only levels, data parallel "
+                                                      "cut to the processes that fit here (the global batch kept "
+                                                      "by accumulation)")
     ic.add_argument("--scale", choices=sorted(PRESETS), help="keep the recipe, shrink the dims to this preset and "
-                                                             "run it on CPU in one process (a try-out)")
+                                                             "run it on CPU in one process (a try-out); alone it "
+                                                             "keeps the recipe's AMP (fp16 for bf16), with "
+                                                             "--target cpu it runs in fp32")
     ic.add_argument("--replace", action="store_true", help="if --out exists, rename it to <out>.replaced-<time> "
                                                            "first (default: refuse)")
     ic.set_defaults(func=cmd_import_config)

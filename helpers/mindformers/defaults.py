@@ -52,7 +52,8 @@ THEIR_DEFAULTS: tuple[TheirDefault, ...] = (
     TheirDefault("parallel", "parallel.gradients_mean", "parallel.gradients_mean", lambda d: False,
                  "MindSpore's default (gradients summed); the workbook's is true (averaged)"),
     TheirDefault("", "context.device_target", "device_target", lambda d: "Ascend",
-                 "MindFormers trains on Ascend; the workbook's default is CPU (a CPU try-out is --scale PRESET)"),
+                 "MindFormers trains on Ascend; the workbook's default is CPU (on this CPU: --target cpu, or "
+                 "--scale PRESET for a try-out)"),
     TheirDefault("", "seed", "seed", lambda d: 0, "MindFormers' default seed; the workbook's is 1337"),
     TheirDefault("", "do_eval", "eval_every", lambda d: 0,
                  "MindFormers evaluates only with do_eval: true; the workbook validates once, at the end"),

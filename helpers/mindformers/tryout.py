@@ -1,28 +1,31 @@
 """A CPU try-out of an imported recipe (`import-config --scale PRESET`): the same recipe at a preset's dims, on
-CPU, in one process; each change is a row of the mapping table."""
+CPU, in one process; each change is a row of the mapping table. `adapt` combines it with `--target cpu`."""
 from __future__ import annotations
 
 from typing import Any
 
-from helpers.config import PRESETS, ConfigError, flatten, from_dict
-from helpers.mindformers.importer import Imported, Row, flat, nested
+from helpers.config import PRESETS, ConfigError
+from helpers.mindformers.changes import Change, changed, checked
+from helpers.mindformers.importer import Imported
+from helpers.mindformers.target import DEVICE_ONLY, TARGETS, on_cpu
 
-# What a try-out changes beyond the dims: key → (new value, or a function of the old one and the preset's dims; why).
-CPU_TRYOUT: dict[str, tuple[Any, str]] = {
-    "device_target": ("CPU", "a CPU try-out"),
-    "parallel.data_parallel": (1, "one process; batch_size stays the recipe's global batch"),
-    "jit_level": (lambda v, dims, cfg: "O1" if v == "O2" else v, "jit_level O2 is Ascend only"),
-    "memory_optimize": ("O0", "an Ascend memory-pool level"),
-    "model.attention": ("manual", "flash attention is Ascend only"),
-    "amp_dtype": (lambda v, dims, cfg: "fp16" if v == "bf16" else v, "bf16 does not run on CPU"),
-    "model.vocab_size": (0, "the workbook tokenizer's vocabulary"),
-    "model.mlp_hidden": (0, "the preset's own feed-forward width"),
-    "model.n_kv_head": (lambda v, dims, cfg: _grouped(v, cfg.get("model.n_head", 1), dims["n_head"]),
-                        "the recipe's share of k,v heads at the preset's heads"),
-    "data.format": ("text", "the workbook's corpus"),
-    "data.corpus": (["tinyshakespeare"], "the workbook's corpus"),
-    "init_from": ("", "full-size weights do not fit the preset's dims"),
-}
+
+def _cpu_tryout(dims: dict[str, Any]) -> dict[str, Change]:
+    """What a try-out changes beyond the dims. It keeps the recipe's AMP (a try-out of its mechanics), with fp16 in
+    place of bf16; --target cpu makes it fp32."""
+    return {
+        **DEVICE_ONLY,
+        "parallel.data_parallel": (1, "one process; batch_size stays the recipe's global batch"),
+        "amp_dtype": (lambda v, cfg: "fp16" if v == "bf16" and cfg.get("amp_level", "O0") != "O0" else v,
+                      "bf16 does not run on CPU"),
+        "model.vocab_size": (0, "the workbook tokenizer's vocabulary"),
+        "model.mlp_hidden": (0, "the preset's own feed-forward width"),
+        "model.n_kv_head": (lambda v, cfg: _grouped(v, cfg.get("model.n_head", 1), dims["n_head"]),
+                            "the recipe's share of k,v heads at the preset's heads"),
+        "data.format": ("text", "the workbook's corpus"),
+        "data.corpus": (["tinyshakespeare"], "the workbook's corpus"),
+        "init_from": ("", "full-size weights do not fit the preset's dims"),
+    }
 
 
 def _grouped(kv: int, heads: int, preset_heads: int) -> int:
@@ -39,17 +42,17 @@ def scaled(imported: Imported, preset: str) -> Imported:
     changes are added to the table as rows of '--scale PRESET'."""
     if preset not in PRESETS:
         raise ConfigError(f"--scale {preset!r} is not a preset; choose one of {', '.join(PRESETS)}")
-    config = flat(imported.config)
-    original = dict(config)
+    dims = PRESETS[preset]
     changes = {"model.preset": (preset, f"the {preset} preset's dims"),
-               **{f"model.{k}": (v, f"the {preset} preset") for k, v in PRESETS[preset].items()}, **CPU_TRYOUT}
-    rows, defaults = list(imported.rows), flatten(from_dict({}))
-    for key, (new, why) in changes.items():
-        old = config.get(key, defaults[key])
-        value = new(old, PRESETS[preset], original) if callable(new) else new
-        if old != value:
-            rows.append(Row(f"--scale {preset}", old, f"{key}={value}", why))
-            config[key] = value
-    result = nested(config)
-    from_dict(result)
-    return Imported(result, rows, imported.reductions)
+               **{f"model.{k}": (v, f"the {preset} preset") for k, v in dims.items()}, **_cpu_tryout(dims)}
+    return checked(changed(imported, f"--scale {preset}", changes))
+
+
+def adapt(imported: Imported, target: str = "", preset: str = "") -> Imported:
+    """What `import-config --target TARGET --scale PRESET` makes of an import (either may be ''): --target cpu at
+    the recipe's size fits data parallel to this machine; with --scale the try-out's one process replaces that."""
+    if target and target not in TARGETS:
+        raise ConfigError(f"--target {target!r} is not a target; choose one of {', '.join(TARGETS)}")
+    if target == "cpu":
+        imported = on_cpu(imported, parallel=not preset)
+    return scaled(imported, preset) if preset else checked(imported)

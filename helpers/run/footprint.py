@@ -122,7 +122,9 @@ def need_bytes(cfg: Config) -> int:
 def _largest_fitting(cfg: Config, key: str, limit: int) -> int | None:
     """The largest value of `key`, below its current one, at which a run of cfg fits `limit`; None if none does.
     Values stay valid: d_model a multiple of n_head, batch_size of the process count."""
-    step = {"model.d_model": cfg.model.n_head, "batch_size": cfg.parallel.data_parallel}.get(key, 1)
+    # d_model moves in whole heads (whole pairs of dims per head under rotary positions), batch in whole ranks
+    step = {"model.d_model": cfg.model.n_head * (2 if cfg.model.positions == "rope" else 1),
+            "batch_size": cfg.parallel.data_parallel}.get(key, 1)
     lowest = {"data.vocab_size": 260}.get(key, step)
     current = config_mod.flatten(cfg)[key]
 

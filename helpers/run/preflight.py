@@ -1,6 +1,7 @@
 """What is checked in a config before anything is written or MindSpore is imported (the CLI's fast path, and
-`launch` before it starts a process): the paths it reads exist, the modules it names can be found, the native
-kernels it asks for are built, and its arrays can fit in memory (`footprint`). Each failure is one ConfigError line.
+`launch` before it starts a process): its device is on this machine (`devices`), the paths it reads exist, the
+modules it names can be found, the native kernels it asks for are built, and its arrays can fit in memory
+(`footprint`). Each failure is one ConfigError line.
 """
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import importlib.util
 from pathlib import Path
 
 from helpers.config import Config, ConfigError
+from helpers.run.devices import check_device
 from helpers.run.footprint import check_fits
 from helpers.run.kernels import resolve_kernels
 
@@ -50,7 +52,9 @@ def check_kernels(cfg: Config) -> None:
 
 def preflight(cfg: Config, modules: bool = True) -> None:
     """All of the above. modules=False where the process that trains has another Python path (`launch`'s child
-    adds the caller's folder to PYTHONPATH and checks them itself)."""
+    adds the caller's folder to PYTHONPATH and checks them itself). The device first: a config for another
+    machine fails on nothing else here."""
+    check_device(cfg)
     check_paths(cfg)
     if modules:
         check_modules(cfg)

@@ -11,6 +11,7 @@ from pathlib import Path
 from helpers import config as config_mod
 from helpers.config import Config
 from helpers.record import RunRecord, atomic_write_json, atomic_write_text, write_summary
+from helpers.run.devices import check_device
 from helpers.run.memory import default_memory_limit
 from helpers.tune.ledger import RoundError, now, user
 
@@ -35,6 +36,7 @@ def checked_settings(cfg: Config, repeats: int, loss_gate: float, memory_limit_b
     if not 0 < loss_gate < 1:
         raise RoundError(f"loss_gate={loss_gate!r} must be a fraction in (0, 1), e.g. 0.02 for 2%")
     if memory_limit_bytes is None:  # 90% of RAM on CPU, of the device's memory on GPU/Ascend
+        check_device(cfg)  # a device that is not here has no memory total to ask MindSpore for
         memory_limit_bytes = default_memory_limit(cfg.device_target)
         if memory_limit_bytes is None:
             raise RoundError(f"MindSpore reports no memory total for device_target={cfg.device_target}; pass "

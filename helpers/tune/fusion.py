@@ -44,6 +44,26 @@ def fusion_base(preset: str, steps: int, corpus: str, qkv: str = "fused_slice",
     return base_config(preset, steps, corpus, changes)
 
 
+# What notebook 12 runs instead of a native-kernel round where the library could not be built (no compiler, a
+# failed compile): the q,k,v change, which every machine can run.
+WITHOUT_NATIVE = {"qkv_fused": {"model.qkv": "fused"}}
+
+
+def runnable_rounds(rounds: dict[str, dict]) -> tuple[dict[str, dict], str]:
+    """`rounds` (name → changes) this machine can run, and a line saying what was set aside and why ('' when
+    nothing was): rounds that need `model.kernels=native` without a current native library give way to
+    `WITHOUT_NATIVE` (or to nothing, when those are there already)."""
+    from helpers.run.kernels import library_problem
+    problem = library_problem()
+    native = [name for name, changes in rounds.items() if changes.get("model.kernels") == "native"]
+    if not problem or not native:
+        return rounds, ""
+    kept = {name: changes for name, changes in rounds.items() if name not in native}
+    added = {name: changes for name, changes in WITHOUT_NATIVE.items() if name not in kept}
+    instead = f"; running {', '.join(added)} instead" if added else ""
+    return {**kept, **added}, f"round {', '.join(native)} set aside: {problem}{instead}"
+
+
 def _profiled_dir(result) -> Path:
     return Path(result.rollback).parent / "profiled"
 
