@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -254,6 +255,40 @@ int CausalSoftmaxBwd(int nparam, void **params, int *ndims, int64_t **shapes, co
     for (int64_t j = valid; j < t_len; ++j) dsr[j] = 0.f;
   }
   return 0;
+}
+
+// The core clock, measured (helpers/run/peaks.py's hardware peak multiplies by it). A chain of dependent integer
+// adds retires one add a cycle on every x86-64 and AArch64 core (an ALU add's latency is one cycle; each add needs
+// the one before it, so no core runs the chain faster, and the loop's own counter runs beside it). The addend is a
+// register, not an immediate: some renamers (Intel's Golden Cove) fold an add of a small immediate away. So adds a
+// second are cycles a second: the clock this core runs at now, turbo included, whatever /proc/cpuinfo says.
+// Returns the fastest of `repeats` timed loops of about `adds` adds each, in Hz (other load and time slicing only
+// slow a loop), or 0 where this target has no such loop (the caller then names its clock a lower bound).
+double WbCoreClockHz(int64_t adds, int repeats) {
+#if defined(__x86_64__) || defined(__aarch64__)
+  constexpr int64_t kBlock = 256;  // the adds in one `.rept` below
+  const int64_t blocks = std::max<int64_t>(1, adds / kBlock);
+  double best = 0.0;
+  for (int r = 0; r < repeats; ++r) {
+    uint64_t x = 0;
+    const uint64_t one = 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t b = 0; b < blocks; ++b) {
+#if defined(__x86_64__)
+      asm volatile(".rept 256\n\taddq %1, %0\n\t.endr" : "+r"(x) : "r"(one));
+#else
+      asm volatile(".rept 256\n\tadd %0, %0, %1\n\t.endr" : "+r"(x) : "r"(one));
+#endif
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0.0 && x == static_cast<uint64_t>(blocks * kBlock)) best = std::max(best, double(blocks * kBlock) / s);
+  }
+  return best;
+#else
+  (void)adds;
+  (void)repeats;
+  return 0.0;
+#endif
 }
 
 }  // extern "C"

@@ -3,6 +3,7 @@ arithmetic shown) and the achievable matmul peak (MindSpore's MatMul measured in
 own shapes, cached per machine). FLOP/s throughout."""
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -56,12 +57,19 @@ def _lscpu() -> dict[str, str]:
 
 
 def hardware_peak(dtype: str = "fp32", device_target: str = "CPU") -> dict | None:
-    """The CPU's peak FLOP/s for `dtype`, from the cores this process may run on, their clock and vector width.
+    """The CPU's peak FLOP/s for `dtype`, from the cores this process may run on, their clock and vector width, and
+    never below a MatMul rate this machine reached.
 
-    Returns {flops, arithmetic (the multiplication as one line), cores, ghz, clock_source, isa, vector_bits,
-    lanes, fma_units}; None off CPU (a GPU's or NPU's peak is not derived here) or without /proc/cpuinfo.
+    Returns {flops, arithmetic (the multiplication as one line), cores, ghz, clock_source, isa, vector_bits, lanes,
+    fma_units, derived_flops (the product), lower_bound, reached (the fastest cached MatMul rate of this machine in
+    `dtype` or fp32: {flops, dtype, measured_at}, None if none)}; None off CPU (a GPU's or NPU's peak is not derived
+    here) or without /proc/cpuinfo.
     cores: physical cores among the CPUs in this process's affinity mask (hyper-thread siblings share FMA units);
-    clock: lscpu's "CPU max MHz" when it has one (the highest the cores run at), else the highest "cpu MHz".
+    clock: measured (`measured_clock`: the native library's dependent-add loop, cached a day), else lscpu's "CPU max
+    MHz" (the highest the cores run at), else the highest /proc/cpuinfo "cpu MHz", which is a lower bound (in a VM
+    the base clock: a 2-core Xeon VM's read 2.6 GHz where its cores ran at 4.09). Where the product is below a rate
+    this machine reached, the peak is that rate and a lower bound (`lower_bound`, as with the /proc/cpuinfo clock),
+    and its arithmetic says so.
     """
     cpus = _cpuinfo()
     if device_target != "CPU" or not cpus:
@@ -71,22 +79,108 @@ def hardware_peak(dtype: str = "fp32", device_target: str = "CPU") -> dict | Non
     ids = {(c.get("physical id"), c.get("core id")) for c in mine}
     cores = len(ids) if None not in {i for pair in ids for i in pair} else len(mine)
     lscpu = _lscpu()
-    if lscpu.get("CPU max MHz"):
-        mhz, clock_source = float(lscpu["CPU max MHz"]), "lscpu CPU max MHz"
+    listed = max(float(c.get("cpu MHz", 0) or 0) for c in mine)
+    clock = measured_clock()
+    if clock:
+        mhz, lower_bound = clock["hz"] / 1e6, False
+        clock_source = f"measured: {mhz / 1000:.3f} GHz, {CLOCK_HOW}; /proc/cpuinfo reads {listed / 1000:.3f} GHz"
+    elif lscpu.get("CPU max MHz"):
+        mhz, clock_source, lower_bound = float(lscpu["CPU max MHz"]), "lscpu CPU max MHz", False
     else:
-        mhz, clock_source = max(float(c.get("cpu MHz", 0) or 0) for c in mine), "/proc/cpuinfo cpu MHz"
+        mhz, clock_source, lower_bound = listed, "lower bound: base clock from /proc/cpuinfo", True
     flags = set(mine[0].get("flags", "").split())
     isa, bits = next(((name, b) for name, b in VECTOR_BITS if name in flags), ("scalar", 32))
     narrow = NARROW_LANE_FLAG.get(dtype)
     lane_bits = 16 if narrow and narrow in flags else 32
     lanes = bits // lane_bits
-    flops = cores * mhz * 1e6 * lanes * FMA_UNITS * 2
+    derived = cores * mhz * 1e6 * lanes * FMA_UNITS * 2
     lane_note = f"{lanes} {dtype} lanes ({isa}, {bits}-bit)" if lane_bits == 16 or dtype == "fp32" else \
         f"{lanes} fp32 lanes ({isa}, {bits}-bit; {dtype} computes in fp32 lanes: no {narrow})"
     arithmetic = (f"{cores} cores × {mhz / 1000:.3f} GHz ({clock_source}) × {lane_note} × "
-                  f"{FMA_UNITS} FMA units per core (assumed) × 2 FLOP per FMA = {flops / 1e9:.1f} GFLOP/s")
+                  f"{FMA_UNITS} FMA units per core (assumed) × 2 FLOP per FMA = {derived / 1e9:.1f} GFLOP/s")
+    flops, reached = derived, reached_rate(dtype, device_target)
+    if reached and reached["flops"] > derived:
+        flops, lower_bound = reached["flops"], True
+        arithmetic += (f", below the {reached['dtype']} MatMul rate this machine reached (measured "
+                       f"{reached['measured_at']}), so raised to it (a lower bound) = {flops / 1e9:.1f} GFLOP/s")
     return {"flops": flops, "arithmetic": arithmetic, "cores": cores, "ghz": mhz / 1000, "clock_source": clock_source,
-            "isa": isa, "vector_bits": bits, "lanes": lanes, "fma_units": FMA_UNITS}
+            "isa": isa, "vector_bits": bits, "lanes": lanes, "fma_units": FMA_UNITS, "derived_flops": derived,
+            "lower_bound": lower_bound, "reached": reached}
+
+
+# The clock, measured: WbCoreClockHz (native/wb_kernels.cc) times a chain of dependent integer adds, one a cycle on
+# every x86-64 and AArch64 core, in CLOCK_LOOPS loops of CLOCK_ADDS adds (about 65 µs each at 4 GHz) and keeps the
+# fastest: a loop that other processes or the hypervisor interrupt reads slow, and a short loop is seldom interrupted
+# (under a load average of 7.7 on 2 cores the fastest of 500 read 4.091 GHz every time; the fastest of five 12-ms
+# loops read 1.9-2.4). About 0.1 s quiet, 0.2-0.3 s under load; cached a day in core_clock.json beside the peaks.
+CLOCK_ADDS, CLOCK_LOOPS = 1 << 18, 400
+CLOCK_METHOD = 1  # cached clocks measured by an earlier method are measured again
+CLOCK_HOW = "a dependent-add loop's cycles a second"
+
+
+def measure_clock_hz() -> float | None:
+    """The clock one core runs at now (Hz; turbo included) by the native library's WbCoreClockHz; None where the
+    library is missing or stale (`kernels.library_problem`: no compiler, say) or its target has no such loop."""
+    from helpers.run.kernels import LIBRARY, library_problem
+    if library_problem():
+        return None
+    try:
+        fn = ctypes.CDLL(str(LIBRARY)).WbCoreClockHz
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_int64, ctypes.c_int]
+    hz = fn(CLOCK_ADDS, CLOCK_LOOPS)
+    return hz if hz > 0 else None
+
+
+def _machine_prefix() -> list[str]:
+    """The fields that name this machine in a cache key (host, CPU model, logical CPUs)."""
+    return [socket.gethostname(), cpu_model(), str(os.cpu_count())]
+
+
+def _read_cache(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def measured_clock(refresh: bool = False) -> dict | None:
+    """{hz, measured_at, method} of this machine's cores (`measure_clock_hz`), cached for PEAK_STALE_S in
+    core_clock.json beside the peaks' cache and measured under the peaks' lock; None where it cannot be measured and
+    none is cached."""
+    path, key = _clock_cache_file(), "|".join(_machine_prefix())
+    old = _read_cache(path).get(key)
+    if not refresh and isinstance(old, dict) and old.get("method") == CLOCK_METHOD and old.get("hz") \
+            and _age_s(old.get("measured_at")) <= PEAK_STALE_S:
+        return old
+    with _one_measurement_at_a_time(_cache_file()):  # not while another process times its matmuls
+        hz = measure_clock_hz()
+        if hz is None:
+            return None
+        cache = _read_cache(path)
+        cache[key] = entry = {"hz": hz, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "method": CLOCK_METHOD}
+        from helpers.record import atomic_write_json
+        atomic_write_json(path, cache)
+    return entry
+
+
+def reached_rate(dtype: str = "fp32", device_target: str = "CPU") -> dict | None:
+    """The fastest MatMul rate this machine's cache holds for `device_target` in `dtype` or fp32 (a narrower dtype's
+    peak is never below fp32's): {flops, dtype, measured_at}; None if none. Any threads, MindSpore version, shapes
+    or age: each is a rate these cores reached."""
+    prefix, best = [*_machine_prefix(), device_target], None
+    for key, entry in _read_cache(_cache_file()).items():
+        parts = key.split("|")
+        if parts[:4] != prefix or len(parts) < 5 or parts[4] not in {dtype, "fp32"} or not isinstance(entry, dict):
+            continue
+        flops = entry.get("flops")
+        if isinstance(flops, (int, float)) and (best is None or flops > best["flops"]):
+            best = {"flops": float(flops), "dtype": parts[4], "measured_at": entry.get("measured_at")}
+    return best
 
 
 # ---------------------------------------------------------------------------------------- achievable peak
@@ -167,13 +261,18 @@ def _cache_file() -> Path:
     return base / "mindspore-workbook" / "peak_flops.json"
 
 
+def _clock_cache_file() -> Path:
+    """The measured clocks, beside the matmul peaks (a file of their own: the peaks' entries all have `flops`)."""
+    return _cache_file().with_name("core_clock.json")
+
+
 def _machine_key(device_target: str, dtype: str, threads: int, shapes) -> str:
     try:
         ms_version = metadata.version("mindspore")
     except metadata.PackageNotFoundError:
         ms_version = "?"
-    return "|".join([socket.gethostname(), cpu_model(), str(os.cpu_count()), device_target, dtype,
-                     str(threads or "default"), ms_version, ",".join("x".join(map(str, s)) for s in shapes)])
+    return "|".join([*_machine_prefix(), device_target, dtype, str(threads or "default"), ms_version,
+                     ",".join("x".join(map(str, s)) for s in shapes)])
 
 
 # When a cached peak is measured again (the peak is what every MFU is divided by, so a low one inflates MFU):
@@ -292,12 +391,7 @@ def _one_measurement_at_a_time(cache: Path) -> Iterator[None]:
 
 def _peak_flops_info(path: Path, key: str, device_target: str, dtype: str, shapes: list, refresh: bool) -> dict:
     cores = os.cpu_count() or 1
-    cache = {}
-    if path.is_file():
-        try:
-            cache = json.loads(path.read_text())
-        except ValueError:
-            cache = {}
+    cache = _read_cache(path)
     old = cache.get(key)
     why = "refresh requested" if refresh else _why_remeasure(old, cores)
     name = (f"achievable: MindSpore's {dtype} MatMul on {device_target}, the fastest of the model's shapes "
@@ -341,4 +435,5 @@ def peak_summary(info: dict, hardware: dict | None) -> dict:
             "peak_flops_measured_at": info.get("measured_at"), "peak_flops_load_avg": info.get("load_avg_1m"),
             "peak_flops_others_cores": info.get("others_cores"),
             "peak_flops_loaded": info.get("loaded"), "peak_flops_source": info.get("source"),
-            "peak_flops_hardware_arithmetic": (hardware or {}).get("arithmetic")}
+            "peak_flops_hardware_arithmetic": (hardware or {}).get("arithmetic"),
+            "peak_flops_hardware_lower_bound": (hardware or {}).get("lower_bound")}
