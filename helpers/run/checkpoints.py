@@ -1,8 +1,11 @@
 """A run's checkpoints: where a resume starts (the checkpoint and the metrics rows up to it), loading one into the
 step Cells, and saving one (metrics first, then the file; the last `keep_checkpoints` kept).
 
-A checkpoint is checkpoints/step_000123.ckpt: the parameters and optimizer state after step 123, with `step` and the
-loss scale (`Stepper.parameters_and_state`). It is written to a temp name and renamed, so a killed run never leaves
+A checkpoint is checkpoints/step_000123.ckpt: the parameters and optimizer state after step 123, with the loss scale
+(`Stepper.parameters_and_state`), `step` and `run_id` (`run_id`: the run that saved it, as its summary.json names it),
+so a file renamed, copied from another run or over another step is refused before a resume writes anything
+(`identity_damage`), and a model it cannot fill is refused at load, naming the parameters (`restore`). A run's id
+outlives edits of its config.yaml (a corpus moved, a learning rate changed for the rest of the run). It is written to a temp name and renamed, so a killed run never leaves
 a half checkpoint; a resume removes the temp file of the attempt that was killed. Beside it, step_000123.ckpt.sha256
 holds the SHA-256 of its bytes, so a resume can tell a damaged file (truncated, overwritten, bytes flipped) from an
 intact one before anything is written (`damage`), without MindSpore.
@@ -10,18 +13,22 @@ intact one before anything is written (`damage`), without MindSpore.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 from helpers.config import Config, ConfigError
-from helpers.record import (HISTORY_DIR, METRICS_FILE, KeptRows, RecordError, RecordWriter, atomic_write_json,
-                            atomic_write_text, kept_rows, write_failure)
+from helpers.record import (HISTORY_DIR, METRICS_FILE, SUMMARY_FILE, KeptRows, RecordError, RecordWriter,
+                            atomic_write_json, atomic_write_text, kept_rows, write_failure)
+from helpers.run.ckpt_file import read_entries
 from helpers.run.schedule import LR_PARAMETERS
 
 CHECKPOINTS_DIR = "checkpoints"
 DIGEST_SUFFIX = ".sha256"
+STEP, RUN = "step", "run_id"  # which step of which run a checkpoint holds (the run id: summary.json's too)
 
 
 def _digest(path: Path) -> str:
@@ -32,45 +39,14 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _varint(fh) -> int | None:
-    """A protobuf varint read from `fh`, None at a clean end of file (ValueError when cut inside one)."""
-    value, shift = 0, 0
-    while True:
-        byte = fh.read(1)
-        if not byte:
-            if shift:
-                raise ValueError("cut inside a length")
-            return None
-        value |= (byte[0] & 0x7F) << shift
-        if byte[0] < 0x80:
-            return value
-        shift += 7
-        if shift > 63:
-            raise ValueError("a length longer than 64 bits")
-
-
 def _layout_damage(path: Path) -> str:
-    """Why `path` is not a whole MindSpore checkpoint ("" when it is): its protobuf records (`Checkpoint.value`:
-    a field-1 record per parameter, each naming its tag first) must end exactly at the end of the file, and one of
-    them must be the `step` this tool appends."""
-    size, tags = path.stat().st_size, set()
+    """Why `path` is not a whole MindSpore checkpoint ("" when it is): its records must end exactly at the end of
+    the file, and one of them must be the `step` this tool appends."""
     try:
-        with open(path, "rb") as fh:
-            while True:
-                at = fh.tell()
-                key = _varint(fh)
-                if key is None:
-                    break
-                length = _varint(fh)
-                if key != 0x0A or length is None or fh.tell() + length > size:
-                    raise ValueError(f"a record at byte {at} runs past the end or is not a parameter")
-                end = fh.tell() + length
-                if _varint(fh) == 0x0A:  # Value.tag, the parameter's name
-                    tags.add(fh.read(min(_varint(fh) or 0, 256)).decode("utf-8", "replace"))
-                fh.seek(end)
+        entries = read_entries(path)
     except ValueError as exc:
         return f"truncated or not a MindSpore checkpoint: {exc}"
-    if "step" not in tags:
+    if STEP not in entries:
         return "not a checkpoint of this tool: it holds no 'step'"
     return ""
 
@@ -102,7 +78,7 @@ def damaged_line(ckpt: Path, why: str, run_dir: Path, export_to: str | None = No
     """The one line refusing a resume (or, with `export_to`, an export into that folder) from the damaged `ckpt`:
     why, and the newest intact checkpoint to use instead (its command), or that none is left."""
     older = [p for p in reversed(checkpoint_files(run_dir)) if checkpoint_step(p) < checkpoint_step(ckpt)]
-    intact = next((p for p in older if not damage(p)), None)
+    intact = next((p for p in older if not damage(p) and not identity_damage(p, run_dir)), None)
     if intact is None:
         way = (f"no intact checkpoint is left in {run_dir}/checkpoints; train it again into another --out folder "
                f"(or with --replace)")
@@ -132,13 +108,53 @@ def resume_source(resume_from: str) -> tuple[Path, Path]:
     return src, ckpts[-1]
 
 
+def run_id(cfg: Config, run_dir: Path) -> str:
+    """The id of the run `cfg` trains into `run_dir`, for its summary and checkpoints: the id of the run it continues
+    in that same folder (a resume), else a new one. A run resumed from another folder's checkpoint is a new run."""
+    if cfg.resume_from:
+        src = resume_source(cfg.resume_from)[0]
+        if src.resolve() == Path(run_dir).resolve():
+            return recorded_run_id(src) or uuid.uuid4().hex
+    return uuid.uuid4().hex
+
+
+def recorded_run_id(run_dir: Path) -> str | None:
+    """The run id in `run_dir`'s summary.json; None for a record written before run ids (or unreadable)."""
+    try:
+        return json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8")).get(RUN)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def identity_damage(ckpt: Path, run_dir: Path) -> str:
+    """Why `ckpt` is not what its name and folder say ("" when it is): the step it holds differs from its name's,
+    or the run that saved it is not the run of `run_dir` (its summary's run id). A checkpoint or record written
+    before run ids is checked by its step only."""
+    try:
+        entries = read_entries(ckpt, frozenset({STEP, RUN}))
+    except ValueError as exc:
+        return f"truncated or not a MindSpore checkpoint: {exc}"
+    held, named = entries[STEP].integer() if STEP in entries else None, checkpoint_step(ckpt)
+    if held is None:
+        return "not a checkpoint of this tool: it holds no 'step'"
+    if held != named:
+        return (f"it holds the state after step {held}, not step {named} as its name says (renamed or copied over "
+                f"another checkpoint)")
+    saved_by, own = entries[RUN].text() if RUN in entries else None, recorded_run_id(run_dir)
+    if saved_by is not None and own is not None and saved_by != own:
+        return (f"it was saved by another run (run id {saved_by[:12]}…, this folder's run is {own[:12]}…): copied "
+                f"in from another folder")
+    return ""
+
+
 def check_resumable(cfg: Config) -> None:
-    """Refuse, before anything is written, a resume from a damaged checkpoint (`damaged_line`) or from one already
-    at or past `steps` (training would get zero batches)."""
+    """Refuse, before anything is written, a resume from a damaged checkpoint (`damaged_line`), from one whose
+    step or run is not what its name and folder say (`identity_damage`), or from one already at or past `steps`
+    (training would get zero batches)."""
     if not cfg.resume_from:
         return
     src, ckpt = resume_source(cfg.resume_from)
-    why = damage(ckpt)
+    why = damage(ckpt) or identity_damage(ckpt, src)
     if why:
         raise ConfigError(damaged_line(ckpt, why, src))
     done = checkpoint_step(ckpt)
@@ -193,17 +209,38 @@ def restore(cfg: Config, cells: list) -> int:
     for part in ckpt.parent.glob(".tmp_step_*"):  # a partial write of the killed attempt, never a checkpoint
         part.unlink(missing_ok=True)
     params = ms.load_checkpoint(str(ckpt))
-    step = int(params.pop("step").asnumpy())
+    step = int(params.pop(STEP).asnumpy())
+    params.pop(RUN, None)
     for name in LR_PARAMETERS:  # the host sets them (run/schedule.py); an older checkpoint holds a per-step list
         params.pop(name, None)
+    unfilled = _unfilled(params, cells)
+    if unfilled:
+        raise ConfigError(f"checkpoint {str(ckpt)!r} holds another model: {unfilled}; no step was trained; resume "
+                          f"from a checkpoint this config saved, or train with this config into another --out folder")
     for cell in cells:
         ms.load_param_into_net(cell, params, strict_load=False)
     return step
 
 
-def save_checkpoint(run_dir: Path, writer: RecordWriter, parameters: list, step: int, keep: int) -> None:
-    """Metrics first, then the checkpoint of `parameters` after `step`: a resume never finds a checkpoint newer
-    than its rows. Keeps the newest `keep` checkpoints; a write the disk refuses raises `record.write_failure`."""
+def _unfilled(params: dict, cells: list, shown: int = 3) -> str:
+    """What of the step Cells' parameters `params` (a loaded checkpoint) cannot fill, and what it holds that they
+    lack, named ("" when it fills them exactly)."""
+    wanted = {p.name: tuple(p.shape) for cell in cells for p in cell.get_parameters() if p.name not in LR_PARAMETERS}
+    missing = sorted(set(wanted) - set(params))
+    shaped = sorted(f"{n} {tuple(params[n].shape)} in the file, {wanted[n]} in the model"
+                    for n in set(wanted) & set(params) if tuple(params[n].shape) != wanted[n])
+    extra = sorted(set(params) - set(wanted))
+    parts = [f"{len(found)} {what} (first: {', '.join(found[:shown])})"
+             for what, found in (("parameters it lacks", missing), ("of another shape", shaped),
+                                 ("parameters this model has not", extra)) if found]
+    return "; ".join(parts)
+
+
+def save_checkpoint(run_dir: Path, writer: RecordWriter, parameters: list, step: int, keep: int,
+                    identity: str) -> None:
+    """Metrics first, then the checkpoint of `parameters` after `step` of the run `identity` (`run_id`): a
+    resume never finds a checkpoint newer than its rows. Keeps the newest `keep` checkpoints; a write the disk
+    refuses raises `record.write_failure`."""
     import mindspore as ms
     writer.flush(time.perf_counter())
     folder = Path(run_dir) / CHECKPOINTS_DIR
@@ -211,7 +248,7 @@ def save_checkpoint(run_dir: Path, writer: RecordWriter, parameters: list, step:
     tmp = folder / f".tmp_step_{step:06d}.ckpt"
     digest = final.with_name(final.name + DIGEST_SUFFIX)
     try:
-        ms.save_checkpoint(parameters, str(tmp), append_dict={"step": step})
+        ms.save_checkpoint(parameters, str(tmp), append_dict={STEP: step, RUN: identity})
         atomic_write_text(digest, f"{_digest(tmp)}  {final.name}\n")  # before the rename: no checkpoint without it
         os.replace(tmp, final)
     except (OSError, RuntimeError, RecordError) as exc:  # MindSpore leaves its partial file (.tmp) behind

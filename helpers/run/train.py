@@ -27,8 +27,8 @@ from helpers import config as config_mod
 from helpers.config import Config
 from helpers.record import RecordError, RecordWriter, load_run
 from helpers.run.build import Built, build
-from helpers.run.checkpoints import (check_resumable, checkpoint_files, note_attempt, restore, resume_source,
-                                     resumed_rows, save_checkpoint, supersede)
+from helpers.run.checkpoints import (RUN, check_resumable, checkpoint_files, note_attempt, restore, resume_source,
+                                     resumed_rows, run_id, save_checkpoint, supersede)
 from helpers.run.data import OPEN_GATE, DataGate
 from helpers.run import interrupt
 from helpers.run.env import environment
@@ -180,7 +180,7 @@ class Trainer:
                              f"make a new one")
         cfg = self.cfg
         self._status = {"status": "running", "status_reason": "", "pid": os.getpid(),
-                        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"), RUN: run_id(cfg, self.run_dir)}
         start_args = (config_mod.dump(cfg), environment(cfg.device_target, cfg.threads), self._status)
         if cfg.resume_from:  # the record it continues is left as it is until the first new step is written
             check_resumable(cfg)
@@ -253,6 +253,9 @@ class Trainer:
             return f"resume with: python -m helpers resume {self.run_dir}"
         if self.writer.last_row is None:
             return f"start it again with: python -m helpers resume {self.run_dir}"
+        if self.cfg.checkpoint_every:
+            return (f"no checkpoint to continue from (it ended before its first, checkpoint_every="
+                    f"{self.cfg.checkpoint_every}, was written whole); train it again with --replace")
         return (f"no checkpoint to continue from (checkpoint_every=0 saves only at the end); train it again with "
                 f"--replace")
 
@@ -318,7 +321,7 @@ class Trainer:
         """A checkpoint after `step` (rank 0 only in a data-parallel run: the ranks' parameters are equal)."""
         if self.rank is None or self.rank.index == 0:
             save_checkpoint(self.run_dir, self.writer, self._built.stepper.parameters_and_state(), step,
-                            self.cfg.keep_checkpoints)
+                            self.cfg.keep_checkpoints, self._status[RUN])
 
     def _block(self, n: int) -> tuple[list[float], list[float | None]]:
         """step_block's steps and their data waits (ms)."""
