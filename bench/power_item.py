@@ -42,7 +42,7 @@ FRACTIONS = {"+5%": 0.05, "+10%": 0.10}
 EXPECTED = {"A/A": "no change", "+5%": "reject", "+10%": "reject"}
 CONDITIONS = ("quiet", "hog")
 # "quiet": the 1-minute load average stays ≤ cores + QUIET_MARGIN at every sample. A round's own MindSpore threads
-# keep about one runnable thread per core (sessions 6 and 7, nothing else running: 1.2–2.1 on 2 cores), so more
+# keep about one runnable thread per core (measured with nothing else running: 1.2–2.1 on 2 cores), so more
 # than half a core above that is someone else's work, and the quiet condition was not met: its musts are invalid.
 QUIET_MARGIN = 0.5
 PROBE_WIDTH = 1024  # calibration probe: about +10% on the nano preset

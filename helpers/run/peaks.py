@@ -203,8 +203,8 @@ def default_shapes() -> list[tuple[int, int, int]]:
 
 PEAK_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # config name → MindSpore dtype name
 # Each timed loop lasts at least about this long, so the host's per-call dispatch and the final sync are spread over
-# its calls. Until session 19 a loop was ≥ 10 ms by a call count taken from the warm-up call (kernel
-# selection included): often one to six calls, reading 68-83 GFLOP/s where 145-152 is right at 768×128×512.
+# its calls. A loop sized to 10 ms by a call count taken from the warm-up call (kernel selection included) ran one
+# to six calls, and read 68-83 GFLOP/s where 145-152 is right at 768×128×512.
 LOOP_S = 0.05
 PEAK_METHOD = 2  # cached peaks timed by an earlier method are measured again
 

@@ -3,7 +3,7 @@
 A bigger global batch (batch_size × grad_accum_steps; a data-parallel size at a fixed micro-batch changes
 batch_size too) makes fewer optimizer updates per token, so at an unchanged learning rate its loss at equal
 tokens is worse early in training, whatever its speed. Recipes scale the learning rate with the global batch:
-our reference material by ×1.2–1.5 per doubling; the square-root rule (×√2 ≈ 1.41 per doubling) sits inside that
+the usual rule of thumb by ×1.2–1.5 per doubling; the square-root rule (×√2 ≈ 1.41 per doubling) sits inside that
 range and is the default; "linear" (×2 per doubling) and "none" are the others. A round that sets `lr` itself
 overrides the rule. Such a round asks "do I reach my loss sooner?", so it is judged by time to target
 (`Workbook.run_round(objective="time_to_target")`), not by tokens/s with loss at equal tokens.

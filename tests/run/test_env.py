@@ -179,7 +179,7 @@ def _fake_cpu(monkeypatch, mhz: float, clock_hz: float | None) -> None:
 
 
 def test_a_base_clock_is_a_lower_bound_and_a_peak_below_a_reached_rate_is_raised_to_it(tmp_path, monkeypatch):
-    """The Xeon of issue 60: /proc/cpuinfo's 2.1 GHz base clock made 268.8 GFLOP/s where MindSpore's MatMul was
+    """On a Xeon VM, /proc/cpuinfo's 2.1 GHz base clock made 268.8 GFLOP/s where MindSpore's MatMul was
     measured at 367.8 on the same host, so MFU read higher against the hardware peak than against the matmul one."""
     _cache(tmp_path, monkeypatch, {"flops": 367.8e9, "measured_at": "2026-12-01T10:00:00"})
     _fake_cpu(monkeypatch, 2100.0, None)

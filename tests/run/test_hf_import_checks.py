@@ -1,4 +1,4 @@
-"""What a Hugging Face checkpoint says is honoured, checked or refused before it trains (issue 58): config.json keys
+"""What a Hugging Face checkpoint says is honoured, checked or refused before it trains: config.json keys
 the model cannot compute (a sliding window shorter than the context, GPT-2's per-layer score scaling, another
 LayerNorm epsilon, an activation the workbook lacks, a key nobody reads), an unreadable config.json, a config.json
 that contradicts its weights, the files transformers would not read, tensors that are not float or not finite; and

@@ -33,7 +33,7 @@ def test_warm_run_loads_the_cold_runs_graphs_and_a_changed_graph_does_not(tmp_pa
 
 
 def test_a_sweep_run_twice_reuses_its_run_and_moves_a_changed_one_aside(tmp_path, small_corpus, capsys):
-    """Issue 30: a sweep trains into fixed folders; run again it reuses a finished run of the same config, and a
+    """A sweep trains into fixed folders; run again it reuses a finished run of the same config, and a
     run of another config moves the earlier one aside whole. A printed line says which."""
     cfg = base_config("debug", 8, str(small_corpus))
     ((_, first),) = sweep(cfg, "batch_size", [4], tmp_path, progress=False)
