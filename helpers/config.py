@@ -29,6 +29,20 @@ def _knob(default, help: str, choices=None, ge=None, gt=None, le=None, default_f
     return field(default=default, metadata=meta)
 
 
+# Bounds on sizes far beyond any model or batch: a value past them is a typo or a unit slip (1e23), and is
+# refused naming the key before the planner prints 1e25 GB or MindSpore fails in its own words. Under them, a
+# model's parameter count (layers × (4·d_model² + 3·d_model·mlp_hidden) + vocab × d_model) stays within int64.
+MAX_LAYERS = 1 << 16           # 65,536 blocks
+MAX_HEADS = 1 << 16            # 65,536 attention heads
+MAX_WIDTH = 1 << 20            # model.d_model 1,048,576
+MAX_MLP = 1 << 24              # model.mlp_hidden 16,777,216 (16 × the widest d_model)
+MAX_SEQ_LEN = 1 << 30          # tokens of context
+MAX_VOCAB = 1 << 36            # token ids
+MAX_BATCH = 1 << 24            # sequences per pass (16,777,216)
+MAX_ACCUM = 1 << 20            # micro-batches per optimizer step
+MAX_SHUFFLE_BUFFER = 1 << 24   # rows MindSpore's shuffle holds in memory (16,777,216)
+
+
 # Model presets: `nano` is nanoGPT's CPU config (4 layers, 4 heads, d_model 128, ctx 64). `debug` is tiny with one
 # block (as torchtitan's debugmodel): for smoke tests and the test suite, where a run's cost is mostly compiling its
 # graph, and one block compiles in about two thirds of tiny's time (~0.8-1.0 s against ~1.2-1.4 s on 2 cores).
@@ -43,13 +57,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 @dataclass
 class ModelConfig:
     preset: str = _knob("nano", "dims preset; explicit dims override it", choices=[*PRESETS, "custom"])
-    n_layer: int = _knob(4, "transformer blocks", ge=1)
-    n_head: int = _knob(4, "attention heads (must divide d_model)", ge=1)
+    n_layer: int = _knob(4, "transformer blocks", ge=1, le=MAX_LAYERS)
+    n_head: int = _knob(4, "attention heads (must divide d_model)", ge=1, le=MAX_HEADS)
     n_kv_head: int = _knob(0, "key/value heads for grouped-query attention; 0 = n_head (multi-head attention); "
-                              "must divide n_head", ge=0)
-    d_model: int = _knob(128, "hidden size", ge=1)
-    seq_len: int = _knob(64, "context length in tokens", ge=1)
-    vocab_size: int = _knob(0, "0 = take the tokenizer's vocabulary size", ge=0)
+                              "must divide n_head", ge=0, le=MAX_HEADS)
+    d_model: int = _knob(128, "hidden size", ge=1, le=MAX_WIDTH)
+    seq_len: int = _knob(64, "context length in tokens", ge=1, le=MAX_SEQ_LEN)
+    vocab_size: int = _knob(0, "0 = take the tokenizer's vocabulary size", ge=0, le=MAX_VOCAB)
     norm: str = _knob("layernorm", "normalisation cell", choices=["layernorm", "rmsnorm"])
     mlp: str = _knob("gelu", "feed-forward type: GELU (exact erf), GELU with GPT-2's tanh approximation "
                              "(gelu_tanh, for GPT-2 weights through init_from), SwiGLU (LLaMA), or ReLU² "
@@ -73,7 +87,7 @@ class ModelConfig:
     tie_head: bool = _knob(True, "output head tied to the token embedding (nanoGPT, GPT-2); false = a head weight "
                                  "of its own (LLaMA)")
     mlp_hidden: int = _knob(0, "feed-forward width; 0 = 4·d_model (SwiGLU: 8/3·d_model rounded up to a multiple "
-                               "of 8)", ge=0)
+                               "of 8)", ge=0, le=MAX_MLP)
     rms_eps: float = _knob(1e-6, "RMSNorm epsilon (model.norm=rmsnorm)", gt=0.0, le=0.1)
     qkv: str = _knob("fused", "q,k,v projection: one Dense split by ops.Split (fused), one Dense cut by "
                               "strided slices (fused_slice), or three Dense cells (separate)",
@@ -147,7 +161,9 @@ class DataConfig:
     python_multiprocessing: bool = _knob(False, "map op in processes instead of threads")
     order: str = _knob("shuffle_first", "shuffle window indices before the map op, or map then shuffle",
                        choices=["map_first", "shuffle_first"])
-    shuffle_buffer: int = _knob(4096, "shuffle buffer in samples", ge=1)
+    shuffle_buffer: int = _knob(4096, "shuffle buffer in samples; MindSpore's shuffle holds this many rows in "
+                                      "memory, so a larger value is refused before it starts", ge=1,
+                                le=MAX_SHUFFLE_BUFFER)
     prefetch: int = _knob(16, "pipeline prefetch size in batches", ge=1)
     source_delay_ms: float = _knob(0.0, "sleep per sample in the source: simulates slow storage", ge=0.0)
     autotune: bool = _knob(False, "MindSpore's dataset autotune (ds.config.set_enable_autotune): it tunes the "
@@ -197,8 +213,8 @@ class Config:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     # Each rank's micro-batch is batch_size / parallel.data_parallel; see global_batch, micro_batch_per_device.
     batch_size: int = _knob(12, "sequences per forward/backward pass over all ranks; global batch = batch_size × "
-                                "grad_accum_steps", ge=1)
-    grad_accum_steps: int = _knob(1, "micro-batches accumulated per optimizer step", ge=1)
+                                "grad_accum_steps", ge=1, le=MAX_BATCH)
+    grad_accum_steps: int = _knob(1, "micro-batches accumulated per optimizer step", ge=1, le=MAX_ACCUM)
     steps: int = _knob(300, "optimizer steps", ge=1, le=10**9)
     lr: float = _knob(1e-3, "peak learning rate", gt=0.0, le=1e4)
     warmup: int = _knob(100, "linear LR warm-up in steps", ge=0)

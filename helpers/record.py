@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 
 from helpers import folder_lock
 from helpers.config import Config, load_written
@@ -81,6 +80,78 @@ def memory_label(summary_or_source: dict | str | None) -> str:
     source = (summary_or_source.get("memory_source") if isinstance(summary_or_source, dict)
               else summary_or_source) or RSS
     return "peak device memory" if source == DEVICE else "peak RSS"
+
+
+# Derived figures, one home each: every reader (summary, diagnosis, profile, paired parts, suggestions, reports)
+# calls these rather than working them out again.
+
+# How a data-wait share that was not measured reads in a report: in sink mode (config `dataset_sink`) the device
+# pulls its own batch inside the step (run/loop.py), so no step's data wait is seen.
+DATA_WAIT_UNMEASURED = "n/a (sink mode)"
+
+
+def data_wait_share(step_ms: Iterable[float | None], wait_ms: Iterable[float | None]) -> float | None:
+    """Σ data wait ÷ Σ step time over the timed steps (a finite step_ms; each step's wait in the same position).
+
+    None (unknown, never 0.0) when no step is timed, their time adds up to nothing, or any timed step's wait was
+    not measured (None or NaN: sink mode, where the wait is inside the step)."""
+    import numpy as np  # here, not at the top: a command that refuses its arguments imports no numpy
+    times, waits = (np.asarray(v if isinstance(v, (np.ndarray, list, tuple)) else list(v),
+                               dtype=np.float64).reshape(-1) for v in (step_ms, wait_ms))  # None → NaN
+    if times.size != waits.size:
+        raise ValueError(f"{times.size} step times but {waits.size} data waits")
+    timed = np.isfinite(times)
+    total = float(times[timed].sum())
+    if total <= 0 or not np.isfinite(waits[timed]).all():
+        return None
+    return float(waits[timed].sum()) / total
+
+
+def data_wait_text(share: float | None, sink: bool = False) -> str:
+    """A data-wait share as report text: '12.3%', DATA_WAIT_UNMEASURED in sink mode, 'n/a' otherwise unknown."""
+    if share is not None:
+        return f"{share:.1%}"
+    return DATA_WAIT_UNMEASURED if sink else "n/a"
+
+
+def steady_mask(steps: np.ndarray, first: int, profiled: Sequence[int] | None = None) -> np.ndarray:
+    """Which of `steps` measure speed: from `first` on (the compile and warm-up steps before it left out; a
+    process that starts at step s with steady_after k: first = s + k), without the steps inside the profiler
+    window `profiled` = (first, last) step, which carry the profiler's own cost. The one steady-window rule of
+    the summary (run/metrics.py), a record's speed rows (`RunRecord.speed_columns`), rankmerge and the profile's
+    baseline."""
+    lo, hi = profiled or (0, -1)
+    return (steps >= first) & ~((steps >= lo) & (steps <= hi))
+
+
+@dataclass(frozen=True)
+class MemoryFraction:
+    """A run's peak memory as a share of the memory it is judged against: peak RSS ÷ the machine's RAM on CPU,
+    peak device memory ÷ the device's memory elsewhere (`memory_source`). `fraction` is None when either is
+    unknown; `label` ('peak RSS' / 'peak device memory') and `of` ('RAM' / 'device memory') name them."""
+    peak: int | None
+    total: int | None
+    label: str
+    of: str
+
+    @property
+    def fraction(self) -> float | None:
+        return self.peak / self.total if (self.peak and self.total) else None
+
+    def text(self) -> str:
+        """e.g. 'peak RSS is 41% of RAM', or that the share is not known."""
+        if self.fraction is None:
+            return f"{self.label} as a share of {self.of} is not known"
+        return f"{self.label} is {self.fraction:.0%} of {self.of}"
+
+
+def memory_fraction(summary: dict, env: dict) -> MemoryFraction:
+    """The peak the memory gate judges (summary `peak_memory_bytes`) over the memory it lives in: the machine's
+    (env `memory_total_bytes`) for RSS, the device's (summary `device_memory_total_bytes`) for device memory."""
+    label = memory_label(summary)
+    device = label == memory_label(DEVICE)
+    total = summary.get("device_memory_total_bytes") if device else env.get("memory_total_bytes")
+    return MemoryFraction(summary.get("peak_memory_bytes"), total, label, "device memory" if device else "RAM")
 
 
 class RecordError(ValueError):
@@ -383,9 +454,7 @@ class RunRecord:
     def _speed_mask(self, cols: MetricColumns) -> np.ndarray:
         window = self.summary.get("steady_window")
         first = window[0] if window else self.config.steady_after + 1
-        skip = self.summary.get("profiled_steps") or (0, -1)
-        step = cols["step"]
-        return (step >= first) & ~((step >= skip[0]) & (step <= skip[1])) & cols.filled["step_time_ms"]
+        return steady_mask(cols["step"], first, self.summary.get("profiled_steps")) & cols.filled["step_time_ms"]
 
     def speed_columns(self, *names: str) -> MetricColumns:
         """Columns `names` (with step and step_time_ms) of the rows its speed figures come from: the steady window
@@ -442,21 +511,61 @@ def load_run(run_dir: str | os.PathLike) -> RunRecord:
     if missing:
         raise RecordError(f"{str(path)!r} is not a run record (missing {', '.join(missing)}); "
                           f"pass the --out folder of a training run")
-    try:
-        config = load_written(path / CONFIG_FILE)
-        summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
-        env = json.loads((path / ENV_FILE).read_text(encoding="utf-8")) if (path / ENV_FILE).is_file() else {}
-    except (ValueError, yaml.YAMLError) as exc:
-        raise RecordError(f"run record {str(path)!r} is unreadable ({exc}); it was not written by this tool") \
-            from None
+    config = _record_config(path)
+    summary = _record_json(path, SUMMARY_FILE)
+    env = _record_json(path, ENV_FILE) if (path / ENV_FILE).is_file() else {}
     metrics = MetricRows(path / METRICS_FILE)
     metrics.check()
-    if not isinstance(summary, dict):
-        raise RecordError(f"{str(path / SUMMARY_FILE)!r} is not a JSON object; it was not written by this tool")
     summary = upgrade_summary(summary)
     if summary.get("status") == "running" and not _writer_alive(path, summary.get("pid")):
-        summary = {**summary, "status": "interrupted", "status_reason": _ended_reason(path, summary, metrics)}
+        summary = {**summary, "status": "interrupted", "status_reason": _ended_reason(path, summary, metrics,
+                                                                                      config.checkpoint_every)}
     return RunRecord(path=path, config=config, metrics=metrics, summary=summary, env=env)
+
+
+def _record_fix(path: Path, name: str) -> str:
+    """The way out of a run record whose file `name` was edited or cut: put the file back, or train anew."""
+    return (f"restore {name} (the run's own copy, e.g. from a backup or history/), or train the run again with "
+            f"`python -m helpers train ... --out {path} --replace`")
+
+
+def _record_config(path: Path) -> Config:
+    """The run's config.yaml as written; a file edited by hand (a key or value the config refuses) or not YAML is
+    one RecordError line naming the file, what is wrong and the fix."""
+    from helpers.config import ConfigError
+    file = path / CONFIG_FILE
+    try:
+        return load_written(file)
+    except ConfigError as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if why.startswith(repr(str(file))):  # load_written's own line (not YAML, unreadable): it names the file
+            why = why[len(repr(str(file))):].split(";")[0].strip()
+        raise RecordError(f"{str(file)!r} of run record {str(path)!r} was edited or damaged ({why}); "
+                          f"{_record_fix(path, CONFIG_FILE)}") from None
+
+
+def _record_json(path: Path, name: str) -> dict:
+    """One JSON object file of a run record (summary.json, env.json); a file cut short, not JSON, not UTF-8 or not
+    an object is one RecordError line naming the file, the line and the fix."""
+    file = path / name
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        why = "is not UTF-8 text"
+    except OSError as exc:
+        why = f"cannot be read ({exc.strerror or type(exc).__name__})"
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            end = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+            why = (f"is unreadable: cut short (its JSON stops at line {exc.lineno})" if end or not text.strip() else
+                   f"is unreadable: not JSON at line {exc.lineno} column {exc.colno} ({exc.msg})")
+        else:
+            if isinstance(data, dict):
+                return data
+            why = f"is not a JSON object (a JSON {type(data).__name__})"
+    raise RecordError(f"{str(file)!r} of run record {str(path)!r} {why}; {_record_fix(path, name)}")
 
 
 def _writer_alive(path: Path, pid: int | None) -> bool:
@@ -469,13 +578,17 @@ def _writer_alive(path: Path, pid: int | None) -> bool:
     return held_by is not None and (held_by != os.getpid() or pid == os.getpid())
 
 
-def _ended_reason(path: Path, summary: dict, metrics: Sequence[dict]) -> str:
-    """Why a 'running' record whose writer is gone reads as interrupted, and what `resume` can do with it."""
+def _ended_reason(path: Path, summary: dict, metrics: Sequence[dict], every: int) -> str:
+    """Why a 'running' record whose writer is gone reads as interrupted, and what `resume` can do with it
+    (`every`: its checkpoint_every)."""
     gone = f"the training process (pid {summary.get('pid')}) ended without finishing"
     if any((path / "checkpoints").glob("step_*.ckpt")):
         return f"{gone}; resume with: python -m helpers resume {path}"
     if not metrics:
         return f"{gone} before its first step; start it again with: python -m helpers resume {path}"
+    if every:
+        return (f"{gone} after {len(metrics)} steps, before its first checkpoint (checkpoint_every={every}) was "
+                f"written whole, so there is none to continue from; train it again with --replace")
     return (f"{gone} after {len(metrics)} steps and left no checkpoint to continue from (checkpoint_every=0 saves only "
             f"at the end); train it again with --replace, or set checkpoint_every=N to make runs resumable")
 

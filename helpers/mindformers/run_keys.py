@@ -96,7 +96,7 @@ RUN_KEYS: dict[str, tuple] = {
     "eval_epoch_interval": (nothing, "evaluation per epoch: epochs are not known at import; eval_step_interval "
                                      "sets the cadence"),
     # runner
-    "runner_config.batch_size": (to("mf.batch_size", int), "per device; × data_parallel = global"),
+    "runner_config.batch_size": (to("mf.batch_size", int, bound="batch_size"), "per device; × data_parallel = global"),
     "runner_config.gradient_accumulation_steps": (to("grad_accum_steps", int), ""),
     "runner_config.epochs": (nothing, "steps come from lr_schedule.total_steps, else set steps: epochs × "
                                       "dataset rows is not known at import"),

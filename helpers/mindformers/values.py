@@ -30,10 +30,36 @@ def whole(v: Any) -> int:
     return int(v)
 
 
-def to(key: str, kind: type = str) -> Convert:
-    """The value, converted by `kind` (int: `whole`), sets `key`."""
-    read = whole if kind is int else kind
-    return lambda v: {key: read(v)}
+def knob_bound(key: str) -> int | None:
+    """The upper bound (`le`) the workbook's config puts on `key` (dotted, e.g. 'model.d_model'), None when it has
+    none or is no config key."""
+    import dataclasses
+
+    from helpers.config import Config
+    obj: Any = Config()
+    *sections, name = key.split(".")
+    for section in sections:
+        obj = getattr(obj, section, None)
+        if obj is None or not dataclasses.is_dataclass(obj):
+            return None
+    field = next((f for f in dataclasses.fields(obj) if f.name == name), None)
+    return field.metadata.get("le") if field is not None else None
+
+
+def to(key: str, kind: type = str, bound: str = "") -> Convert:
+    """The value, converted by `kind` (int: `whole`), sets `key`. A whole number past the config's bound on `bound`
+    (default: `key`) is refused naming it: a size of 1e23 is a slip, not a model to plan."""
+    if kind is not int:
+        return lambda v: {key: kind(v)}
+
+    def read(v):
+        n = whole(v)
+        limit = knob_bound(bound or key)
+        if limit is not None and n > limit:
+            raise Refused(f"must be a whole number ≤ {limit:,} (the workbook's bound on {bound or key}), not {v!r}; "
+                          f"fix the value (a typo or a unit slip)")
+        return {key: n}
+    return read
 
 
 def unless_none(key: str, kind: type = str) -> Convert:

@@ -11,8 +11,11 @@ Loading reads every tensor as float32 and refuses a NaN or infinity by name. saf
 """
 from __future__ import annotations
 
+import errno
 import json
-from dataclasses import asdict, dataclass
+import os
+import shutil
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +201,20 @@ def check_model(ckpt: Checkpoint, m: ModelConfig, vocab: int = 0) -> None:
                        f"set {settings}")
 
 
+def check_init_from(cfg) -> None:
+    """cfg.init_from's refusals that need no tensor data, before MindSpore starts (`preflight`): its files, dtypes
+    and config.json against its weights' names and shapes (`inspect`: a config.json of 3 layers over weights of 2
+    is named with both counts), then the model's settings against it (`check_model`), the vocabulary only when
+    model.vocab_size is set (0: the tokenizer's, known once the data is read). Nothing without init_from, nor for a
+    path that is not there (`preflight.check_paths` names it)."""
+    if not cfg.init_from or not Path(cfg.init_from).exists() or cfg.model.build:
+        return
+    ckpt = inspect(cfg.init_from)
+    if not cfg.model.vocab_size:
+        ckpt = replace(ckpt, wanted={k: v for k, v in ckpt.wanted.items() if k != "model.vocab_size"})
+    check_model(ckpt, cfg.model)
+
+
 def read_tensors(path: str | Path) -> dict[str, np.ndarray]:
     """Every tensor of the checkpoint at `path` (the files transformers reads there) as float32, by name; a tensor
     that is not float or not finite is a WeightsError naming it and its file."""
@@ -340,13 +357,55 @@ def write_checkpoint(out: str | Path, params: dict[str, np.ndarray], m: ModelCon
     """Write `params` (our names) as out/model.safetensors in the model's layout, with its config.json; returns the
     file."""
     from safetensors.numpy import save_file
+
+    from helpers.record import atomic_write_text
     theirs = from_ours(params, m)
     folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(theirs, str(folder / WEIGHTS_FILE), metadata={"format": "np"})
+    target, partial = folder / WEIGHTS_FILE, folder / f".{WEIGHTS_FILE}.partial"
+    need = sum(a.nbytes for a in theirs.values()) + EXPORT_SLACK_BYTES
     vocab = int(params["tok.embedding_table"].shape[0])
-    (folder / CONFIG_FILE).write_text(json.dumps(hf_config(m, vocab), indent=2) + "\n", encoding="utf-8")
-    return folder / WEIGHTS_FILE
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(folder).free
+        if free < need:  # before a byte is written: the line a full disk would end in, without the half file
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        save_file(theirs, str(partial), metadata={"format": "np"})
+        atomic_write_text(folder / CONFIG_FILE, json.dumps(hf_config(m, vocab), indent=2) + "\n")
+        os.replace(partial, target)
+    except Exception as exc:
+        partial.unlink(missing_ok=True)
+        raise _export_failure(target, exc, need) from None
+    return target
+
+
+EXPORT_SLACK_BYTES = 64 << 10  # config.json and the safetensors header beside the tensors' bytes
+
+
+def _export_failure(target: Path, exc: Exception, need: int) -> Exception:
+    """A write of the export the disk refused as one RecordError line (`record.write_failure`) that says how much
+    room the export needs there; any other error as it was. safetensors' own error names no errno, only the OS's
+    words ("No space left on device (os error 28)")."""
+    from helpers.record import RecordError, write_failure
+    words = str(exc)
+    full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in words or \
+        "No space left" in words
+    if isinstance(exc, RecordError):  # config.json's atomic write: already one line naming its file
+        error = exc
+    elif isinstance(exc, OSError):
+        error = write_failure(target, exc)
+    elif full:
+        error = write_failure(target, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    else:
+        return exc
+    if not full:
+        return error
+    try:
+        free = shutil.disk_usage(target.parent).free
+    except OSError:
+        free = 0
+    why = getattr(error, "strerror", None) or os.strerror(errno.ENOSPC)
+    room = f"{why}: the export needs about {-(-need // 1_000_000):,} MB there and {free // 1_000_000:,} MB are free"
+    return RecordError(str(error).replace(f"({why})", f"({room})", 1))
 
 
 def export_checkpoint(source: str | Path, out: str | Path) -> tuple[Path, Path]:
@@ -361,5 +420,6 @@ def export_checkpoint(source: str | Path, out: str | Path) -> tuple[Path, Path]:
         raise WeightsError(f"{str(source)!r} holds no checkpoint to export; pass a run folder (every finished run "
                            f"has one) or one of its checkpoints/step_N.ckpt files") from None
     model_cfg = load_run(run_dir).config.model
-    params = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(ckpt)).items()}
+    params = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(ckpt)).items()
+              if hasattr(v, "asnumpy")}  # tensors only: a checkpoint may also hold string metadata
     return ckpt, write_checkpoint(out, params, model_cfg)

@@ -82,10 +82,9 @@ def write_corpus(cfg: Config, out: str | Path) -> Written:
         try:
             _write_parts(partial, parts, seq_len, sum(counts.values()))
         except (OSError, RuntimeError) as exc:
-            # MindSpore's errors (RuntimeError) name no errno: near its floor, a write error is the disk filling
-            if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or \
-                    free_bytes(folder) < 2 * WRITER_FLOOR_BYTES:
-                raise MindRecordError(_no_room(folder, need, free)) from None
+            if _disk_full(exc, folder):  # the disk filled while writing: what is free once .partial is gone
+                shutil.rmtree(partial, ignore_errors=True)
+                raise MindRecordError(_no_room(folder, need, _real_free(folder, free))) from None
             raise
         for name in sorted(os.listdir(partial)):
             os.replace(partial / name, folder / name)
@@ -112,7 +111,34 @@ def _write_parts(partial: Path, parts: dict[str, np.ndarray], seq_len: int, tota
             writer.commit()
 
 
+def _disk_full(exc: BaseException, folder: Path) -> bool:
+    """Whether a write error is the disk filling: an OSError's errno, MindSpore's own words (its RuntimeError names
+    no errno: "No free disk to be used while writing mindrecord files"), or the disk near MindSpore's floor now (read
+    from the disk itself, not `free_bytes`, which the check before writing used)."""
+    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    words = str(exc).lower()
+    if "no space left" in words or "no free disk" in words or "disk quota" in words:
+        return True
+    try:
+        return shutil.disk_usage(folder).free < 2 * WRITER_FLOOR_BYTES
+    except OSError:
+        return False
+
+
+def _real_free(folder: Path, measured: int) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return measured
+
+
+def _mb(size: int, up: bool = False) -> str:
+    """Bytes as whole MB, rounded up for a size needed (a set of 0.2 MB needs "about 1 MB", never "0 MB")."""
+    return f"{-(-size // 1_000_000):,}" if up else f"{size / 1e6:,.0f}"
+
+
 def _no_room(folder: Path, need: int, free: int) -> str:
-    return (f"no room for the MindRecord set on the disk of {str(folder)!r} (disk full: {free / 1e6:,.0f} MB were "
-            f"free, the set needs about {need / 1e6:,.0f} MB and MindSpore's writer {WRITER_FLOOR_BYTES >> 20} MB "
+    return (f"no room for the MindRecord set on the disk of {str(folder)!r} (disk full: {_mb(free)} MB were "
+            f"free, the set needs about {_mb(need, True)} MB and MindSpore's writer {WRITER_FLOOR_BYTES >> 20} MB "
             f"more); free disk space or pass an --out folder on a disk with room")
