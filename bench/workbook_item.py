@@ -14,6 +14,7 @@ from provenance import LoadSampler
 from registry import MET, MISSED, MUST, NOT_MEASURED, Check, Item, Judgement, at_most
 
 from helpers.book.notebooks import NOTEBOOKS_DIR, notebook_parameters
+from helpers.record import data_wait_text
 from helpers.tune.rounds import Workbook
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,7 +113,7 @@ def _data_round(r: dict) -> Judgement:
         return Judgement(NOT_MEASURED, (got or {}).get("error", "no data round read"))
     parts = got.get("parts") or {}
     line = (f"{got['name']}: {got['decision']}; parts " + ("shown: data wait " + " → ".join(
-        f"{parts[a]['data_wait_share']:.1%}" for a in ("reference", "candidate")) if parts else "missing"))
+        data_wait_text(parts[a]["data_wait_share"]) for a in ("reference", "candidate")) if parts else "missing"))
     return Judgement(MET if got["decision"] == "keep" and parts else MISSED, line)
 
 

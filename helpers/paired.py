@@ -36,6 +36,8 @@ from typing import Sequence
 import numpy as np
 from scipy import special  # stdtrit is what stats.t.ppf calls; scipy.stats alone costs ~0.5–1 s to import
 
+from helpers.record import data_wait_share
+
 DECISIONS = ("keep", "reject", "no change")
 INTERLEAVE = ("blocks", "steps")  # a pair's two blocks back to back, or woven together step by step
 
@@ -233,7 +235,7 @@ class ArmParts:
     mean_ms: float              # what the ratio counts: the mean of every measured step
     compute_ms: float           # median over blocks of the rank-th fastest (step − data wait)
     stall_share: float          # (mean − data wait − compute) ÷ mean
-    data_wait_share: float | None  # Σ data wait ÷ Σ step time, where measured
+    data_wait_share: float | None  # Σ data wait ÷ Σ step time (`record.data_wait_share`); None: not measured
 
 
 @dataclass(frozen=True)
@@ -272,7 +274,8 @@ def parts(m: Measurement, plan: SpeedPlan) -> Parts:
         total = sum(sum(b) for b in blocks)
         mean = total / sum(len(b) for b in blocks)
         compute = statistics.median(fast_end(b, plan.rank) for b in work)
-        wait_share = sum(sum(w) for w in waits) / total if waits else None
+        wait_share = (data_wait_share([t for b in blocks for t in b], [w for wb in waits for w in wb]) if waits
+                      else None)
         stall = max(0.0, 1 - (compute / mean) - (wait_share or 0.0))
         arms.append(ArmParts(mean, compute, stall, wait_share))
     ref, cand = arms

@@ -173,7 +173,7 @@ def _summary_of_dicts(rows: list[dict], start: int, warmup: int, profiled: tuple
     steady = [r for r in rows if r["step"] >= start + warmup and not profiled[0] <= r["step"] <= profiled[1]]
     times = np.array([r["step_time_ms"] for r in steady if r["step_time_ms"] is not None], dtype=np.float64)
     times = times[np.isfinite(times)]
-    waits = np.array([r["data_wait_ms"] for r in steady if r["data_wait_ms"] is not None], dtype=np.float64)
+    waits = [r["data_wait_ms"] for r in steady if r["step_time_ms"] is not None]
     total_ms = float(times.sum())
     losses = [r["loss"] for r in rows if r.get("loss") is not None]
     evals = [r for r in rows if r.get("val_loss") is not None]
@@ -183,7 +183,9 @@ def _summary_of_dicts(rows: list[dict], start: int, warmup: int, profiled: tuple
             "step_time_ms_p90": float(np.percentile(times, 90)),
             "steady_window": [steady[0]["step"], steady[-1]["step"]], "speed_steps": len(steady),
             "compile_s": next(r for r in rows if r["step"] == start)["step_time_ms"] / 1000.0,
-            "data_wait_share": float(waits.sum()) / total_ms, "loss_first": losses[0], "loss_last": losses[-1],
+            # a step whose wait was not measured makes the share unknown (record.data_wait_share), not smaller
+            "data_wait_share": None if None in waits else sum(waits) / total_ms,
+            "loss_first": losses[0], "loss_last": losses[-1],
             "val_loss": evals[-1]["val_loss"], "val_ppl": evals[-1]["val_ppl"],
             "grad_norm_max": float(norms[np.isfinite(norms)].max())}
 

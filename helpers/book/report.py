@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from helpers.record import RunRecord, median_summary, memory_label
+from helpers.record import DATA_WAIT_UNMEASURED, RunRecord, median_summary, memory_label
 from helpers.tune.rounds import load_runs
 from helpers.units import MIB
 
@@ -45,7 +45,8 @@ def run_row(record: RunRecord) -> dict[str, Any]:
         MFU_MATMUL: _num(s.get("mfu"), 100.0, 2),
         MFU_HARDWARE: _num(s.get("mfu_hardware"), 100.0, 2),
         f"{memory_label(s)} (MiB)": _num(s.get("peak_memory_bytes"), 1 / MIB, 0),  # RSS on CPU, device off it
-        "data wait (%)": _num(s.get("data_wait_share"), 100.0, 2),
+        "data wait (%)": (_num(s.get("data_wait_share"), 100.0, 2) if s.get("data_wait_share") is not None
+                          else DATA_WAIT_UNMEASURED if cfg.dataset_sink else None),
         "comm (% of step)": _num(s.get("comm_step_share"), 100.0, 2) if dp > 1 else "n/a (single process)",
         "compile (s)": _num(s.get("compile_s"), digits=2),
         f"loss after {s.get('steps')}": _num(s.get("loss_last"), digits=3),

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import psutil
 
-from helpers.record import DEVICE, RSS, MetricColumns
+from helpers.record import DEVICE, RSS, MetricColumns, data_wait_share, steady_mask
 
 _PROCESS = psutil.Process()
 
@@ -50,15 +50,6 @@ def _finite(values: np.ndarray) -> np.ndarray:
     return values[np.isfinite(values)]
 
 
-def steady_mask(steps: np.ndarray, start_step: int, warmup_steps: int,
-                profiled: tuple[int, int] | list[int] | None = None) -> np.ndarray:
-    """Which of `steps` measure speed: from `start_step + warmup_steps` on (the process's compile and warm-up steps
-    left out), without the steps inside the profiler window `profiled` = (first, last) step, which carry the
-    profiler's own cost."""
-    first, last = profiled or (0, -1)
-    return (steps >= start_step + warmup_steps) & ~((steps >= first) & (steps <= last))
-
-
 def mfu_error(mfu: float | None, mfu_hardware: float | None) -> str | None:
     """One line when an MFU is above 100% of its peak (impossible: that peak was measured low, e.g. under load, or
     the hardware arithmetic is wrong), else None."""
@@ -78,17 +69,17 @@ def summarize(rows: MetricColumns, start_step: int, warmup_steps: int, flops_per
     profiled: (first, last) step of the profiler window, left out of every speed figure (`steady_mask`).
 
     step_time_ms: median ms/step; tokens_per_s: tokens of the window / its summed step time;
-    data_wait_share: blocked-on-data time / step time; mfu: flops_per_token·tokens_per_s / peak_flops (the
-    achievable matmul peak, helpers/run/peaks.py); mfu_hardware: the same over hardware_peak_flops (the CPU's
-    cores × clock × lanes × FMA); mfu_error: a line when either is above 1;
+    data_wait_share: blocked-on-data time / step time (`record.data_wait_share`: None in sink mode);
+    mfu: flops_per_token·tokens_per_s / peak_flops (the achievable matmul peak, helpers/run/peaks.py);
+    mfu_hardware: the same over hardware_peak_flops (the CPU's cores × clock × lanes × FMA);
+    mfu_error: a line when either is above 1;
     speed_steps: how many steps those figures are over;
     peak_memory_bytes: the peak the memory gate judges, per `memory_source` (process RSS on CPU; on a device the
     largest per-step device_memory_bytes); peak_rss_bytes and peak_device_memory_bytes keep both.
     """
     step = rows["step"]
-    steady = steady_mask(step, start_step, warmup_steps, profiled)
+    steady = steady_mask(step, start_step + warmup_steps, profiled)
     times = _finite(rows["step_time_ms"][steady])
-    waits = _finite(rows["data_wait_ms"][steady])
     tokens = float(rows["tokens"][steady].sum())
     total_ms = float(times.sum()) if times.size else 0.0
     tokens_per_s = tokens / (total_ms / 1000.0) if total_ms > 0 else None
@@ -114,7 +105,7 @@ def summarize(rows: MetricColumns, start_step: int, warmup_steps: int, flops_per
         "speed_steps": int(steady_steps.size),
         "profiled_steps": list(profiled) if profiled else None,
         "compile_s": float(rows["step_time_ms"][first_row[0]]) / 1000.0 if first_row.size else None,
-        "data_wait_share": float(waits.sum()) / total_ms if total_ms > 0 else None,
+        "data_wait_share": data_wait_share(rows["step_time_ms"][steady], rows["data_wait_ms"][steady]),
         "peak_memory_bytes": device_peak if memory_source == DEVICE else rss_peak,
         "memory_source": memory_source,
         "peak_rss_bytes": rss_peak,

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from helpers.config import Config, ConfigError, with_changes
-from helpers.record import MetricColumns, RecordError, atomic_write_json, atomic_write_text, rows_to_csv
+from helpers.record import (MetricColumns, RecordError, atomic_write_json, atomic_write_text, data_wait_share,
+                            rows_to_csv, steady_mask)
 from helpers.run import parser_processes
 from helpers.run.device_profile import activities, read_op_table
 
@@ -122,7 +123,7 @@ class ProfileReport:
     baseline_steps: int
     overhead_pct: float | None
     overhead_note: str
-    data_wait_share: float | None
+    data_wait_share: float | None  # in the window (`record.data_wait_share`): None in sink mode
     comm_op_share: float | str  # communication ops' time ÷ all op time in the window (not of step time)
     comm_ops: list[str]
     profiler_step_call_ms: float | None
@@ -177,14 +178,12 @@ def analyse(run_dir: Path, rows: MetricColumns, cfg: Config, window: ProfileWind
     in_window = rows.where(inside)
     steps = len(in_window) or (last - first + 1)
     ops, op_source, raw = read_op_table(run_dir / PROFILE_DIR, steps)  # device table first (device_profile.py)
-    baseline = rows.where((rows["step"] > cfg.steady_after) & ~inside)
+    baseline = rows.where(steady_mask(rows["step"], cfg.steady_after + 1, (first, last)))
     win_ms, base_ms = _median(_step_times(in_window)), _median(_step_times(baseline))
     overhead = (win_ms / base_ms - 1.0) * 100.0 if (win_ms and base_ms) else None
     note = (f"the unprofiled steps themselves spread {_spread_text(baseline)} around their median, so an "
             f"overhead inside that is not resolved" if overhead is not None
             else "not measured: no unprofiled steady steps; raise steps beyond the window")
-    wait = float(np.where(in_window.filled["data_wait_ms"], in_window["data_wait_ms"], 0.0).sum())
-    busy = float(in_window["step_time_ms"].sum())
     comm = [op for op in ops if COMM_OP.match(op["name"])]
     comm_op_share: float | str = (sum(op["share"] for op in comm) if comm else
                                "not applicable: single process, no communication operators recorded"
@@ -196,7 +195,8 @@ def analyse(run_dir: Path, rows: MetricColumns, cfg: Config, window: ProfileWind
         trace_file=str(trace.relative_to(run_dir)) if trace else None,
         op_time_ms_per_step=sum(op["ms_per_step"] for op in ops), window_step_ms=win_ms, baseline_step_ms=base_ms,
         baseline_steps=len(baseline), overhead_pct=overhead, overhead_note=note,
-        data_wait_share=wait / busy if busy else None, comm_op_share=comm_op_share, comm_ops=[op["name"] for op in comm],
+        data_wait_share=data_wait_share(in_window["step_time_ms"], in_window["data_wait_ms"]),
+        comm_op_share=comm_op_share, comm_ops=[op["name"] for op in comm],
         profiler_step_call_ms=_median(window.step_call_ms) if window else None,
         export_s=window.export_s if window else None, not_produced_on_cpu=dict(NOT_ON_CPU), ops=ops,
         op_source=op_source)

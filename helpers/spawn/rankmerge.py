@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from helpers.run.metrics import Ema, steady_mask, summarize
+from helpers.run.metrics import Ema, summarize
 from helpers.run.profile import window_steps
 from helpers.record import (METRICS_FILE, MetricColumns, atomic_write_json, atomic_write_text, load_run, rows_to_csv,
-                            write_summary)
+                            steady_mask, write_summary)
 from helpers.wire import PAIRED_FILE, RankFile, decode_rank_file, paired_rank_files, rank_files
 
 
@@ -24,7 +24,8 @@ def _merge_row(base: dict, per_rank: list[dict]) -> dict:
     step_ms = max(r["step_time_ms"] for r in per_rank)
     losses = [r["loss"] for r in per_rank]
     loss = float(np.mean(losses)) if all(math.isfinite(v) for v in losses) else float("nan")
-    return {**base, "step_time_ms": step_ms, "data_wait_ms": max(r["data_wait_ms"] for r in per_rank),
+    waits = [r.get("data_wait_ms") for r in per_rank]  # None: not measured (sink mode) on that rank
+    return {**base, "step_time_ms": step_ms, "data_wait_ms": None if None in waits else max(waits),
             "loss": loss, "tokens_per_s": base["tokens"] / (step_ms / 1000.0)}
 
 
@@ -72,7 +73,7 @@ def merge_ranks(run_dir: str | Path) -> dict | None:
                       summary.get("peak_flops"), profiled, hardware_peak_flops=summary.get("peak_flops_hardware"))
     peaks = [r.peak_rss_bytes for r in ranks]
     steps = columns["step"]
-    steady = set(steps[steady_mask(steps, start, cfg.steady_after, profiled)].astype(int).tolist())
+    steady = set(steps[steady_mask(steps, start + cfg.steady_after, profiled)].astype(int).tolist())
     rank_ms = [float(np.median([row["step_time_ms"] for row in r.rows if row["step"] in steady] or [np.nan]))
                for r in ranks]
     merged = {**summary, **stats, **_comm_summary(ranks, rows),

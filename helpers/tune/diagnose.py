@@ -9,12 +9,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 from helpers.run.monitors import sustained_slope
 from helpers.run.profile import load_profile
-from helpers.record import MetricColumns, RecordError, RunRecord, memory_label, update_summary
+from helpers.record import (MetricColumns, RecordError, RunRecord, data_wait_share, data_wait_text, memory_fraction,
+                            update_summary)
 
 TROUBLESHOOTING = Path(__file__).with_name("troubleshooting.yaml")
 MATMUL_OPS = {"MatMul", "BatchMatMul", "MatMulExt", "BatchMatMulExt", "Dense"}
@@ -28,7 +28,7 @@ class Thresholds:
     starved_wait_fraction: float = 0.2  # a step is "starved" if it waited ≥ this fraction of its time
     comm_share: float = 0.2  # communication's share: of op time when profiled, else of merged step time
     dominant_op_share: float = 0.45  # one operator type's share of op time (nano's MatMul: ~36-39%)
-    memory_fraction: float = 0.85  # peak RSS / machine memory
+    memory_fraction: float = 0.85  # peak memory / its memory (`record.memory_fraction`: RSS ÷ RAM, device ÷ device)
     no_learning_drop: float = 0.02  # relative loss drop below which a run "did not learn"
     no_learning_min_steps: int = 50
     slow_compile_s: float = 60.0
@@ -76,12 +76,12 @@ def troubleshooting_rows(findings: list[str]) -> list[dict]:
 
 
 def _data_evidence(rows: MetricColumns, th: Thresholds) -> dict:
-    times = rows["step_time_ms"]
-    waits = np.where(rows.filled["data_wait_ms"], rows["data_wait_ms"], 0.0)
-    total, wait = float(times.sum()), float(waits.sum())
-    starved = int((waits >= th.starved_wait_fraction * times).sum())
-    return {"data_wait_share": wait / total if total else None,
-            "starved_step_share": starved / len(rows) if len(rows) else None}
+    """The steady rows' data-wait share (`record.data_wait_share`) and the share of steps starved of data; both
+    None when the waits were not measured (sink mode) or there are no steady rows."""
+    times, waits = rows["step_time_ms"], rows["data_wait_ms"]
+    share = data_wait_share(times, waits)
+    starved = int((waits >= th.starved_wait_fraction * times).sum()) if share is not None else None
+    return {"data_wait_share": share, "starved_step_share": starved / len(rows) if starved is not None else None}
 
 
 def _profile_evidence(record: RunRecord) -> dict:
@@ -112,12 +112,9 @@ def _comm(ev: dict) -> tuple[float | None, str]:
 
 
 def _memory_evidence(record: RunRecord, rows: MetricColumns) -> dict:
-    peak, total = record.summary.get("peak_memory_bytes"), record.env.get("memory_total_bytes")
-    if memory_label(record.summary) == "peak device memory":  # a device peak is a share of the device's memory
-        total = record.summary.get("device_memory_total_bytes")
+    mem = memory_fraction(record.summary, record.env)  # a device peak is a share of the device's memory
     has = rows.filled["rss_bytes"]
-    return {"peak_memory_bytes": peak, "memory_total_bytes": total,
-            "peak_memory_fraction": peak / total if (peak and total) else None,
+    return {"peak_memory_bytes": mem.peak, "memory_total_bytes": mem.total, "peak_memory_fraction": mem.fraction,
             "rss_slope_bytes_per_step": (sustained_slope(rows["step"][has], rows["rss_bytes"][has])
                                          if has.sum() >= 4 else None)}
 
@@ -166,10 +163,10 @@ def diagnose(record: RunRecord, thresholds: Thresholds | None = None) -> Diagnos
     ev["comm_step_share"] = _comm_step_share(record)
     ev["steady_steps"] = len(rows)
     reasons: list[str] = []
-    frac, slope = ev["peak_memory_fraction"], ev["rss_slope_bytes_per_step"]
+    mem = memory_fraction(record.summary, record.env)
+    frac, slope = mem.fraction, ev["rss_slope_bytes_per_step"]
     if frac is not None and frac >= th.memory_fraction:
-        where = "device" if memory_label(record.summary) == "peak device memory" else "machine"
-        reasons.append(f"{memory_label(record.summary)} is {frac:.0%} of {where} memory (≥ {th.memory_fraction:.0%})")
+        reasons.append(f"{mem.text()} (≥ {th.memory_fraction:.0%})")
     if "memory_growth" in alarm_kinds:
         reasons.append(f"memory_growth alarm: RSS grows {slope or 0.0:,.0f} bytes/step over the steady window")
     if "failed_oom" in checks:
@@ -180,6 +177,7 @@ def diagnose(record: RunRecord, thresholds: Thresholds | None = None) -> Diagnos
         bottleneck, reasons = "communication-bound", [f"communication takes {comm:.0%} {of_what} "
                                                    f"(≥ {th.comm_share:.0%})"]
     share, starved = ev["data_wait_share"], ev["starved_step_share"]
+    sink = record.config.dataset_sink
     if not bottleneck and share is not None and (share >= th.data_wait_share or starved >= th.starved_step_share):
         bottleneck = "data-bound"
         reasons = [f"data_wait_share {share:.0%} (threshold {th.data_wait_share:.0%}); {starved:.0%} of steady "
@@ -188,13 +186,15 @@ def diagnose(record: RunRecord, thresholds: Thresholds | None = None) -> Diagnos
     dom = ev.get("dominant_op_share")
     if not bottleneck and dom is not None and dom >= th.dominant_op_share:
         bottleneck, reasons = "compute-bound", [f"{ev['dominant_op']} takes {dom:.0%} of op time "
-                                             f"(≥ {th.dominant_op_share:.0%}); data waits only "
-                                             f"{share or 0.0:.0%} of step time"]
+                                             f"(≥ {th.dominant_op_share:.0%}); data waits "
+                                             + (f"only {share:.0%} of step time" if share is not None else
+                                                f"{data_wait_text(share, sink)}")]
     if not bottleneck and not len(rows):
         bottleneck, reasons = "balanced", ["no steady steps to judge speed by (the run ended during warm-up)"]
     if not bottleneck:
         bottleneck = "balanced"
-        reasons = [f"no limit crossed: data_wait_share {_fmt(share)}, top op share {_fmt(dom)}, "
+        wait = _fmt(share) if share is not None else data_wait_text(share, sink)
+        reasons = [f"no limit crossed: data_wait_share {wait}, top op share {_fmt(dom)}, "
                    f"comm share {'n/a' if comm is None else f'{_fmt(comm)} {of_what}'}, peak memory fraction {_fmt(frac)}"]
     findings = [bottleneck, *alarm_kinds, *checks]
     return Diagnosis(bottleneck=bottleneck, reasons=reasons, evidence=ev, thresholds=asdict(th),

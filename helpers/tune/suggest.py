@@ -5,7 +5,7 @@ convergence round (it changes what the model learns, so validation loss at equal
   * effective throughput (loss drop per 1k tokens) flat for a long window → double the global batch;
   * grad-norm alarms keep firing → double the warm-up;
   * train loss falls while validation perplexity rises → more regularisation (weight decay ×2, dropout).
-The seed rules speak of windows of ~500 steps on long runs; here runs are tens to hundreds of steps, so the
+Convergence rules of thumb speak of windows of ~500 steps on long runs; here runs are tens to hundreds of steps, so the
 flat window is a third of the run (at least `monitor.throughput_window`, at most 500 steps) and "keeps
 firing" / "rises" count alarms and evaluation passes rather than steps.
 """
@@ -18,7 +18,7 @@ import numpy as np
 
 from helpers.config import Config
 from helpers.run.monitors import rising_while_falling
-from helpers.record import RunRecord
+from helpers.record import RunRecord, memory_fraction
 from helpers.tune.study import slug
 
 FLAT_FRACTION = 0.1  # "flat": the window's median loss drop per 1k tokens is ≤ 10% of the run's best
@@ -26,7 +26,7 @@ MAX_FLAT_WINDOW = 500  # the seed rule's window on long runs, in steps
 ALARM_ONSETS = 3  # grad-norm alarms "keep firing": at least this many separate crossings of the limit
 OVER_LIMIT_SHARE = 0.25  # ... or the grad norm above the limit on at least this share of steps
 RISING_EVALS = 2  # val PPL rising at each of the last 2 evaluation passes while train loss fell
-SMALL_MEMORY = 0.5  # below this peak-RSS fraction of RAM a doubled micro-batch is affordable
+SMALL_MEMORY = 0.5  # below this share of its memory (`record.memory_fraction`) a doubled micro-batch is affordable
 
 
 @dataclass
@@ -60,13 +60,13 @@ def _flat_throughput(record: RunRecord, base: Config) -> Suggestion | None:
     best, now = float(rates.max()), float(np.median(last))
     if best <= 0 or now > FLAT_FRACTION * best:
         return None
-    memory = record.summary.get("peak_memory_bytes"), record.env.get("memory_total_bytes")
-    roomy = all(memory) and memory[0] / memory[1] < SMALL_MEMORY
+    memory = memory_fraction(record.summary, record.env)  # RSS ÷ RAM on CPU, device peak ÷ device memory off it
+    roomy = memory.fraction is not None and memory.fraction < SMALL_MEMORY
     # A doubled micro-batch also runs faster per token on CPU; accumulation doubles the batch at the same memory.
     changes = ({"batch_size": 2 * base.batch_size} if roomy else {"grad_accum_steps": 2 * base.grad_accum_steps})
     key, value = next(iter(changes.items()))
-    where = (f"peak RSS {memory[0] / memory[1]:.0%} of RAM, so a bigger micro-batch fits" if roomy
-             else "memory is not known to be roomy, so accumulate")
+    where = (f"{memory.text()}, so a bigger micro-batch fits" if roomy
+             else f"memory is not known to be roomy ({memory.text()}), so accumulate")
     return Suggestion(slug(key, value), changes, "convergence",
                       f"loss drop per 1k tokens over the last {window} steps is {now:.4f} nats (median), "
                       f"≤ {FLAT_FRACTION:.0%} of the run's best {best:.4f}; {where}",
