@@ -70,7 +70,7 @@ cross:
 	  || echo "note: could not install g++-aarch64-linux-gnu; the cross-build test will be skipped"
 
 workbook: $(STAMP) $(JS_STAMP) kernels
-	$(BIN)/python -m helpers workbook $(if $(PARAMS),--params $(PARAMS))
+	$(BIN)/python -m helpers workbook $(if $(PARAMS),--params $(PARAMS)) $(if $(CONFIG),--config $(CONFIG))
 
 bench: $(STAMP) kernels
 	$(BIN)/python bench/bench.py all

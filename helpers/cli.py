@@ -11,7 +11,7 @@ from helpers import config as config_mod
 from helpers import folder_lock
 from helpers.config import PRESETS, ConfigError, load_config
 from helpers.folder_lock import FolderBusy, LockError
-from helpers.record import RecordError, load_run, memory_label
+from helpers.record import RecordError, data_wait_text, load_run, memory_label
 from helpers.units import mib_text
 from helpers.run.rows import PROGRESS_KINDS, progress_sink
 
@@ -190,7 +190,8 @@ def cmd_show(args) -> int:
 def cmd_workbook(args) -> int:
     from helpers.book.notebooks import WorkbookError, run_workbook
     try:
-        results = run_workbook(args.params, args.out, args.notebooks, timeout_s=args.notebook_timeout)
+        results = run_workbook(args.params, args.out, args.notebooks, timeout_s=args.notebook_timeout,
+                               config=args.config)
     except WorkbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -218,7 +219,8 @@ def cmd_profile(args) -> int:
     print(f"profiled steps {report.window[0]}-{report.window[1]} · raw output {args.out}/{report.raw_dir}")
     print(report.table_text(args.top))
     comm = report.comm_op_share
-    print(f"op time {report.op_time_ms_per_step:.2f} ms/step · data-pipeline share {report.data_wait_share:.1%} "
+    share = data_wait_text(report.data_wait_share, cfg.dataset_sink)
+    print(f"op time {report.op_time_ms_per_step:.2f} ms/step · data-pipeline share {share} "
           f"of step time · communication ops {comm if isinstance(comm, str) else f'{comm:.1%} of op time'}")
     print(report.overhead_text())
     return code
@@ -295,9 +297,15 @@ def cmd_export(args) -> int:
     if why:
         raise ConfigError(damaged_line(ckpt, why, run_dir, export_to=args.out))
     load_run(run_dir)  # the layout comes from the run's config: a checkpoint outside a run record is one line
+    made = not Path(args.out).exists()
     _claim_output(args.out, args.replace, "an export", lambda p: any(p.glob("*.safetensors")) or
                   (p / "config.json").exists())
-    written = export_checkpoint(ckpt, args.out)[1]
+    try:
+        written = export_checkpoint(ckpt, args.out)[1]  # a full disk: one line, no half file (write_checkpoint)
+    except BaseException:
+        if made and [p.name for p in Path(args.out).iterdir()] == [folder_lock.LOCK_FILE]:
+            shutil.rmtree(args.out)  # the folder this command made for an export it could not write
+        raise
     print(f"{ckpt} → {written} (Hugging Face layout, with config.json); start a run from it with --set init_from={args.out}")
     return 0
 
@@ -362,6 +370,10 @@ def cmd_import_config(args) -> int:
     target = Path(args.out)
     if target.is_dir():
         raise ConfigError(f"--out {args.out!r} is a folder; name the YAML file to write, e.g. {args.out}/config.yaml")
+    under = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+    if under is not None:
+        raise ConfigError(f"--out {args.out!r} cannot be written: {str(under)!r} is a file, not a folder; name a "
+                          f"YAML file in a folder. Nothing was written")
     if target.exists() and not args.replace:
         raise ConfigError(f"--out {args.out!r} already exists; name another file, or --replace moves it aside "
                           f"first. Nothing was written")
@@ -472,7 +484,10 @@ def _add_workbook_command(sub) -> None:
     from helpers.book.notebooks import NOTEBOOK_TIMEOUT_S
     from helpers.paths import NOTEBOOKS_DIR
     w = sub.add_parser("workbook", help="run every notebook headless → executed copies, HTML, index.html")
-    w.add_argument("--params", help="YAML mapping of notebook parameters (papermill -f)")
+    w.add_argument("--params", help="YAML mapping of notebook parameters (papermill -f); a notebook's name as a key "
+                                    "takes a mapping for that notebook alone, e.g. '14_time_to_quality: {steps: 400}'")
+    w.add_argument("--config", help="a config YAML every notebook starts from (its `config` parameter; preset, "
+                                    "steps and corpus given as parameters apply on top)")
     w.add_argument("--out", help="report folder (default reports/<timestamp>; a 'latest' link goes next to it)")
     w.add_argument("--notebooks", default=str(NOTEBOOKS_DIR), help="folder of NN_*.ipynb notebooks")
     w.add_argument("--notebook-timeout", type=float, default=NOTEBOOK_TIMEOUT_S, metavar="S",

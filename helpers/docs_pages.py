@@ -1,6 +1,7 @@
 """The docs site's reference pages, generated from the code that defines them: the config keys (`helpers/config.py`),
 the CLI (`helpers.cli.parser()`), troubleshooting (`helpers/tune/troubleshooting.yaml`), the MindFormers keys
-(`helpers.mindformers.reference`) and the Hugging Face config.json keys (`helpers.run.hf_keys_reference`).
+(`helpers.mindformers.reference`), the Hugging Face config.json keys (`helpers.run.hf_keys_reference`) and the
+notebook parameters (the `parameters` cells of `notebooks/*.ipynb`, each meaning from its trailing `# comment`).
 
     python -m helpers.docs_pages --write    rewrite docs/reference/*.md and docs/troubleshooting.md
     python -m helpers.docs_pages --check    exit 1 naming each page that differs from what the code generates
@@ -114,7 +115,77 @@ def hf_keys_page() -> str:
     return f"{title}\n\n{GENERATED.format(source='`helpers/run/hf_config_keys.py`')}\n{rest}"
 
 
+def parameter_meanings(path: Path) -> dict[str, str]:
+    """{parameter: meaning} of a notebook's `parameters` cell, in order: the meaning is the `# comment` on the
+    assignment's lines, continued by comment-only lines below it ('' when it has none)."""
+    import ast
+    import io
+    import tokenize
+
+    import nbformat
+    nb = nbformat.read(str(path), as_version=4)
+    cell = next((c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])), None)
+    if cell is None:
+        return {}
+    nodes = [n for n in ast.parse(cell.source).body if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and isinstance(n.targets[0], ast.Name)]
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(cell.source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    out = {}
+    for i, node in enumerate(nodes):
+        stop = nodes[i + 1].lineno if i + 1 < len(nodes) else max(comments, default=0) + 1
+        out[node.targets[0].id] = " ".join(comments[n] for n in range(node.lineno, stop) if n in comments)
+    return out
+
+
+def notebook_parameters_page(notebooks: Path | None = None) -> str:
+    """Every notebook parameter: its default (per notebook where they differ), the notebooks that declare it and
+    its meaning (the first notebook's comment that has one), from the `parameters` cells of notebooks/*.ipynb."""
+    from helpers.book.notebooks import discover, notebook_parameters
+    from helpers.paths import NOTEBOOKS_DIR
+    params: dict[str, dict] = {}
+    for path in discover(notebooks or NOTEBOOKS_DIR):
+        meanings = parameter_meanings(path)
+        for name, default in notebook_parameters(path).items():
+            entry = params.setdefault(name, {"defaults": {}, "meanings": {}})
+            entry["defaults"][path.stem] = repr(default)
+            entry["meanings"][path.stem] = meanings.get(name, "")
+
+    def grouped(by_stem: dict[str, str], code: bool) -> str:
+        """The most common value, then each other one with the notebooks (by number) that have it."""
+        groups: dict[str, list[str]] = {}
+        for stem, value in by_stem.items():
+            groups.setdefault(value, []).append(stem[:2])
+        ordered = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+        text = [f"`{v}`" if code else v for v, _ in ordered]
+        if len(ordered) == 1:
+            return text[0]
+        return "; ".join([text[0]] + [f"{t} in {', '.join(stems)}" if code else f"in {', '.join(stems)}: {t}"
+                                      for t, (_, stems) in zip(text[1:], ordered[1:])])
+
+    rows = []
+    for name, entry in params.items():
+        stems = ", ".join(f"`{stem}`" for stem in entry["defaults"])
+        meaning = grouped({k: v for k, v in entry["meanings"].items() if v}, False) if any(
+            entry["meanings"].values()) else ""
+        meaning = meaning.replace("<", "&lt;").replace(">", "&gt;")
+        rows.append(f"| `{name}` | {_cell(grouped(entry['defaults'], True))} | {stems} | {_cell(meaning)} |")
+    return "\n".join([
+        "# Notebook parameters", "", GENERATED.format(source="the `parameters` cells of `notebooks/*.ipynb`"), "",
+        "Every parameter of every notebook: what `make workbook PARAMS=my.yaml` (or `python -m helpers workbook "
+        "--params my.yaml`) may set. A name no notebook declares, or a value of another type than its default, is "
+        "refused in one line before anything runs. A key naming a notebook holds that notebook's own parameters, "
+        "over the shared ones: `{steps: 50, 14_time_to_quality: {steps: 400}}` gives notebook 14 400 steps and the "
+        "others 50. `config` is a config YAML (relative: to the notebooks' folder) every notebook starts from; "
+        "`make workbook CONFIG=mine.yaml` (`--config`) gives it to all of them; `preset`, `steps` and `corpus`, "
+        "when given, apply on top of it. A round that does not apply to the config says why in one line instead.",
+        "", "| parameter | default | notebooks | meaning |", "|---|---|---|---|", *rows]) + "\n"
+
+
 PAGES: dict[str, Callable[[], str]] = {
+    "reference/notebook-parameters.md": notebook_parameters_page,
     "reference/config.md": config_page,
     "reference/cli.md": cli_page,
     "reference/mindformers-keys.md": mindformers_page,

@@ -109,23 +109,66 @@ def check_params(given: dict[str, Any], defaults: dict[str, dict[str, Any]]) -> 
                                 f"(default in {nb_name}: {key} = {default!r})")
 
 
-def preflight(given: dict[str, Any], defaults: dict[str, dict[str, Any]]) -> None:
-    """Build the notebooks' base config from preset/steps/corpus (given over defaults), so an impossible value
-    (preset: huge, steps: 0) fails in one line before the first notebook runs."""
+CONFIG_PARAM = "config"  # the notebooks' config file parameter (relative: to the notebooks' folder)
+SHORTCUTS = ("preset", "steps", "corpus")
+
+
+def split_params(given: dict[str, Any], defaults: dict[str, dict[str, Any]]) -> tuple[dict[str, Any],
+                                                                                      dict[str, dict[str, Any]]]:
+    """(parameters for every notebook, {notebook: its own parameters}) of a parameters file: a key naming a
+    notebook (its stem, e.g. 14_time_to_quality) holds a mapping for that notebook alone, over the shared ones.
+    Each part is checked (`check_params`) against the notebooks it goes to; a key shaped like a notebook's name that
+    names none, or a notebook's entry that is not a mapping, is one WorkbookError line."""
+    import re
+    shared, own = {}, {}
+    for key, value in given.items():
+        if key in defaults or re.fullmatch(r"\d\d_\w+", str(key)):
+            if key not in defaults:
+                close = difflib.get_close_matches(str(key), list(defaults), n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise WorkbookError(f"parameters for notebook '{key}', which is not one; {hint}notebooks: "
+                                    f"{', '.join(defaults)}")
+            if not isinstance(value, dict):
+                raise WorkbookError(f"parameters for notebook '{key}' must be a mapping of name: value, "
+                                    f"e.g. '{key}: {{steps: 100}}'")
+            check_params(value, {key: defaults[key]})
+            own[key] = dict(value)
+        else:
+            shared[key] = value
+    check_params(shared, defaults)
+    return shared, own
+
+
+def notebook_params(stem: str, declared: dict[str, Any], shared: dict[str, Any],
+                    own: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What one notebook is given: the shared parameters it declares, then its own entry's over them."""
+    return {**{k: v for k, v in shared.items() if k in declared}, **own.get(stem, {})}
+
+
+def preflight(given: dict[str, Any], defaults: dict[str, dict[str, Any]],
+              own: dict[str, dict[str, Any]] | None = None, notebooks_dir: str | os.PathLike = NOTEBOOKS_DIR) -> None:
+    """Build each notebook's base config from config + preset/steps/corpus (given over defaults, a notebook's own
+    entry over both), so an impossible value (preset: huge, a missing or invalid config file) fails in one line
+    before the first notebook runs. A relative config is read from `notebooks_dir`, where
+    the notebooks run."""
     from helpers.config import ConfigError
-    from helpers.tune.study import base_config
-    keys = ("preset", "steps", "corpus")
-    merged: dict[str, Any] = {}
-    for params in defaults.values():
-        if all(k in params for k in keys):
-            merged = {k: params[k] for k in keys}
-            break
-    if merged:
-        merged.update({k: given[k] for k in keys if k in given})
+    from helpers.tune.study import base_config, config_path
+    tried = set()
+    for stem, declared in defaults.items():
+        if not all(k in declared for k in SHORTCUTS):
+            continue
+        params = {**{k: declared[k] for k in (*SHORTCUTS, CONFIG_PARAM) if k in declared},
+                  **notebook_params(stem, declared, given, own or {})}
+        cfg_file = config_path(params.pop(CONFIG_PARAM, ""), notebooks_dir)
+        merged = (*(params.get(k) for k in SHORTCUTS), str(cfg_file or ""))
+        if repr(merged) in tried:
+            continue
+        tried.add(repr(merged))
         try:
-            base_config(**merged)
+            base_config(*merged[:3], config=merged[3])
         except ConfigError as exc:
-            raise WorkbookError(f"notebook parameters give an invalid config: {exc}") from None
+            raise WorkbookError(f"notebook parameters give an invalid config{f' ({stem})' if own else ''}: "
+                                f"{exc}") from None
 
 
 def load_params(path: str | os.PathLike | None) -> dict[str, Any]:
@@ -343,19 +386,28 @@ def point_latest(out: Path) -> Path:
 
 def run_workbook(params_file: str | os.PathLike | None = None, out: str | os.PathLike | None = None,
                  notebooks_dir: str | os.PathLike = NOTEBOOKS_DIR, kernel: str = "python3",
-                 log: Callable[[str], None] = print, timeout_s: float = NOTEBOOK_TIMEOUT_S) -> list[NotebookResult]:
+                 log: Callable[[str], None] = print, timeout_s: float = NOTEBOOK_TIMEOUT_S,
+                 config: str | os.PathLike | None = None) -> list[NotebookResult]:
     """Run every notebook in order into `out` (default reports/<timestamp>); write HTML and index.html.
 
-    Parameters are checked against the notebooks' defaults before anything runs; each notebook gets the
-    ones it declares, plus workbook_dir = <out>/workbook. timeout_s: wall seconds per notebook (`execute`).
+    Parameters are checked against the notebooks' defaults before anything runs; each notebook gets the shared
+    ones it declares, then its own entry's (a key naming the notebook, `split_params`), plus
+    workbook_dir = <out>/workbook. config: a config YAML (relative: to the working directory) given to every
+    notebook as its `config` parameter, over the parameters file's. timeout_s: wall seconds per notebook
+    (`execute`).
     """
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise WorkbookError(f"notebook timeout {timeout_s!r} must be a positive number of seconds, e.g. 1200")
     notebooks = discover(Path(notebooks_dir))
     defaults = {nb.stem: notebook_parameters(nb) for nb in notebooks}
-    given = load_params(params_file)
-    check_params(given, defaults)
-    preflight(given, defaults)
+    given, own = split_params(load_params(params_file), defaults)
+    if config:
+        if not Path(config).is_file():
+            raise WorkbookError(f"config file {str(config)!r} does not exist; pass an existing YAML file to --config")
+        if not any(CONFIG_PARAM in d for d in defaults.values()):
+            raise WorkbookError(f"no notebook in {str(notebooks_dir)!r} declares a '{CONFIG_PARAM}' parameter")
+        given[CONFIG_PARAM] = str(Path(config).resolve())
+    preflight(given, defaults, own, notebooks_dir)
     out = Path(out) if out else REPORTS_DIR / time.strftime("%Y%m%d-%H%M%S")
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -371,7 +423,7 @@ def run_workbook(params_file: str | os.PathLike | None = None, out: str | os.Pat
         stack.callback(lambda: stop_kernel(ready))  # a kernel started for a notebook that never ran
         for i, nb in enumerate(notebooks):
             declared = defaults[nb.stem]
-            params = {k: v for k, v in shared.items() if k in declared}
+            params = notebook_params(nb.stem, declared, shared, own)
             if FAILED_PARAM in declared:
                 params[FAILED_PARAM] = {r.name: r.error for r in results if r.status == "failed"}
             dst = out / nb.name

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,163 @@ from helpers.config import Config, ConfigError, from_dict, with_changes
 from helpers.record import CONFIG_FILE, RunRecord
 from helpers.run.outdir import finished_same
 from helpers.spawn.runner import launch, launch_or_reuse, reuse
+from helpers.tune.lr_rule import DEFAULT_LR_RULE
 
 
-def base_config(preset: str = "nano", steps: int = 50, corpus: str | list[str] = "tinyshakespeare",
-                changes: dict[str, Any] | None = None) -> Config:
-    """The workbook's starting config for short runs: warm-up and eval spacing scale with `steps`
-    (warm-up = eval_every = steps/5, 5 validation batches, first min(5, steps/3) steps left out of speed)."""
-    corpora = [corpus] if isinstance(corpus, str) else list(corpus)
-    short = {"steps": steps, "warmup": max(1, steps // 5), "eval_every": max(1, steps // 5), "eval_batches": 5,
-             "steady_after": max(1, min(5, steps // 3))}
-    return from_dict({"model": {"preset": preset}, "data": {"corpus": corpora}}, {**short, **(changes or {})})
+# What an empty shortcut means without a config file: the workbook's own short nano run on tiny shakespeare.
+SHORTCUT_DEFAULTS = {"preset": "nano", "steps": 50, "corpus": "tinyshakespeare"}
+
+
+def config_path(config: str | os.PathLike, base: str | os.PathLike | None = None) -> Path | None:
+    """The config file a `config` notebook parameter names: None for "", else the path made absolute against
+    `base` (default: the working directory, which is the notebook's folder in a notebook)."""
+    if not config:
+        return None
+    p = Path(config).expanduser()
+    return p if p.is_absolute() else Path(base or os.getcwd()) / p
+
+
+def base_config(preset: str = "", steps: int = 0, corpus: str | list[str] = "",
+                changes: dict[str, Any] | None = None, config: str | os.PathLike = "",
+                defaults: dict[str, Any] | None = None) -> Config:
+    """The config a notebook starts from, with preset/steps/corpus as shortcuts on top and `changes` last.
+
+    config: a YAML config file (relative: to the working directory), read with `config.load_config` (the bounded
+    YAML loader); "" = none. Without one, an empty shortcut takes `defaults` (default SHORTCUT_DEFAULTS: nano, 50
+    steps, tiny shakespeare), as every shortcut did before; with one, only the shortcuts given apply:
+    preset sets model.preset and drops the dims the preset sets (n_layer, n_head, d_model, seq_len), so its dims
+    replace the file's; corpus sets data.corpus; steps sets steps with the short-run spacing: eval_every = steps/5
+    with 5 validation batches, the first min(5, steps/3) steps left out of speed, and a warm-up of steps/5 unless
+    the file gives warmup_ratio (a share of steps, kept)."""
+    path = config_path(config)
+    if path is None:
+        given = {**SHORTCUT_DEFAULTS, **(defaults or {})}
+        preset, steps, corpus = preset or given["preset"], steps or given["steps"], corpus or given["corpus"]
+        data: dict[str, Any] = {}
+    else:
+        data = config_mod.to_dict(config_mod.load_config(path))
+    if preset:
+        data["model"] = {k: v for k, v in (data.get("model") or {}).items()
+                         if k not in config_mod.PRESETS.get(preset, {})}
+        data["model"]["preset"] = preset
+    if corpus:
+        data.setdefault("data", {})["corpus"] = [corpus] if isinstance(corpus, str) else list(corpus)
+    short: dict[str, Any] = {}
+    if steps:
+        short = {"steps": steps, "eval_every": max(1, steps // 5), "eval_batches": 5,
+                 "steady_after": max(1, min(5, steps // 3))}
+        if not data.get("warmup_ratio"):
+            short["warmup"] = max(1, steps // 5)
+    return from_dict(data, {**short, **(changes or {})})
+
+
+def round_applies(cfg: Config, name: str, changes: dict[str, Any], objective: str = "speed", seeds: int = 2,
+                  lr_rule: str = DEFAULT_LR_RULE) -> str:
+    """'' when the round of `changes` on `cfg` (a workbook's best) can run and judge here, else one line saying
+    why it does not apply to this config: a change the config has already (or refuses), a warm-up the config's
+    warmup_ratio overrides, a convergence or time-to-target round on a config with no validation
+    (eval_every=0), or a candidate that cannot fit in memory (`footprint.check_fits`)."""
+    from helpers.run.footprint import check_fits
+    from helpers.tune.ledger import RoundError
+    from helpers.tune.round_spec import plan_round
+    if set(changes) == {"warmup"} and cfg.warmup_ratio:
+        return (f"round {name} does not apply to this config: it sets warmup_ratio={cfg.warmup_ratio:g}, which "
+                f"replaces warmup (set warmup_ratio=0 in the config to run it)")
+    if objective != "speed" and not cfg.eval_every:
+        return (f"round {name} does not apply to this config: a {objective} round reads validation loss, and "
+                f"the config has eval_every=0 (no validation); give steps= or set eval_every")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            spec = plan_round(cfg, name, changes, objective, seeds, None, None, lr_rule)
+        for arm in spec.arms:
+            check_fits(arm)
+    except (ConfigError, RoundError) as exc:
+        text = str(exc).removeprefix(f"round {name!r}: ")
+        return f"round {name} does not apply to this config: {text}"
+    return ""
+
+
+def run_round_if_applies(wb, name: str, changes: dict[str, Any], **kwargs):
+    """`wb.run_round(name, changes, **kwargs)` when `round_applies` to the workbook's best config; otherwise print
+    its one line and return None (nothing trains, the notebook goes on). A round recorded already comes back."""
+    done = wb._state().recorded(name, changes, kwargs.get("objective", "speed"))  # a notebook run again
+    why = "" if done is not None else round_applies(
+        wb.best_config(), name, changes, kwargs.get("objective", "speed"), kwargs.get("seeds", 2),
+        kwargs.get("lr_rule", DEFAULT_LR_RULE))
+    if why:
+        print(why)
+        return None
+    return wb.run_round(name, changes, **kwargs)
+
+
+def data_parallel_applies(cfg: Config, processes: int = 2, limit: int | None = None) -> str:
+    """'' when `processes` data-parallel copies of cfg can train on this machine, else one line why not: the
+    config refuses it (cores, a batch the processes do not divide) or the copies together cannot fit in memory
+    (`footprint.check_fits` of the data-parallel config against `limit` bytes, default the memory gate's)."""
+    from helpers.run.footprint import check_fits
+    try:
+        check_fits(with_changes(cfg, {"parallel.data_parallel": processes}), limit)
+    except ConfigError as exc:
+        return f"data parallel ({processes} processes) does not apply to this config: {exc}"
+    return ""
+
+
+def data_parallel_configs(preset: str, steps: int, corpus: str, batch_size: int, device_target: str = "CPU",
+                          config: str | os.PathLike = "") -> tuple[dict[str, Config] | None, str]:
+    """Notebook 10's single-process and unfused DP=2 configs (`dp_study.dp_configs`) and '' — from `config` when one
+    is given (its model and recipe, with the DP study's batch, schedule spacing and fusion knobs on top) — or
+    (None, the line `data_parallel_applies` gives) when DP does not apply to it."""
+    from helpers.book.dp_study import dp_configs
+    if not config_path(config):
+        configs = dp_configs(preset or SHORTCUT_DEFAULTS["preset"], steps or 12, corpus or SHORTCUT_DEFAULTS["corpus"],
+                             batch_size, device_target)
+    else:
+        base = base_config(preset, steps, corpus, config=config)
+        plain = dp_configs(base.model.preset if base.model.preset in config_mod.PRESETS else "nano", base.steps,
+                           base.data.corpus[0], batch_size, device_target)["single process"]
+        keep = ("batch_size", "warmup", "eval_every", "eval_batches", "steady_after", "device_target")
+        flat = config_mod.flatten(plain)
+        dp = {k: flat[k] for k in keep}
+        dp.update({k: v for k, v in flat.items() if k.startswith("parallel.fusion")})
+        dp["warmup_ratio"] = 0.0
+        try:
+            single = config_mod.speed_measured(with_changes(base, dp))
+        except ConfigError as exc:
+            return None, f"data parallel does not apply to this config: {exc}"
+        configs = {"single process": single}
+    why = data_parallel_applies(configs["single process"])
+    if why:
+        return None, why
+    configs.setdefault("dp2 unfused", with_changes(configs["single process"], {"parallel.data_parallel": 2}))
+    return configs, ""
+
+
+def export_applies(cfg: Config) -> str:
+    """'' when a run of cfg can be exported as Hugging Face weights (`hf_weights.layout_for` finds its layout), else
+    one line why the from-weights study does not apply to this config."""
+    from helpers.run.hf_weights import WeightsError, layout_for
+    try:
+        layout_for(cfg.model)
+    except WeightsError as exc:
+        return f"the from-weights study does not apply to this config: {exc}"
+    return ""
+
+
+def shortcuts_of(cfg: Config) -> tuple[str, str]:
+    """(preset, corpus) of a built config, as a preset-and-corpus helper takes them (`tryout_config`): its model
+    preset ('nano' for custom dims) and its first corpus."""
+    preset = cfg.model.preset if cfg.model.preset in config_mod.PRESETS else SHORTCUT_DEFAULTS["preset"]
+    return preset, cfg.data.corpus[0]
+
+
+def fusion_config(preset: str = "", steps: int = 0, corpus: str = "", config: str | os.PathLike = "") -> Config:
+    """Notebook 12's base: `fusion.fusion_base` on `base_config(..., config)` (24 steps without a config): the
+    fused-slice q,k,v and the plain formulation (`fusion.PLAIN_FORMULATION`) on top, so its rounds have something
+    to beat."""
+    from helpers.tune.fusion import PLAIN_FORMULATION
+    return base_config(preset, steps, corpus, {"model.qkv": "fused_slice", **PLAIN_FORMULATION}, config,
+                       defaults={"steps": 24})
 
 
 def slug(key: str, value: Any) -> str:

@@ -28,7 +28,7 @@ WORKBOOK_NOTEBOOKS = ["01_baseline", "02_data_pipeline", "03_mixed_precision", "
 
 
 def test_notebooks_are_clean_and_parameterised():
-    shared = {"workbook_dir", "preset", "steps", "repeats", "corpus"}
+    shared = {"workbook_dir", "config", "preset", "steps", "repeats", "corpus"}
     types: dict[str, set] = {}
     for path in NOTEBOOKS:
         nb = nbformat.read(str(path), as_version=4)
@@ -51,7 +51,7 @@ def test_wrong_parameter_type_is_one_line_before_running(tmp_path):
     with pytest.raises(WorkbookError) as err:
         check_params({"steps": "fifty"}, defaults)
     assert str(err.value) == ("notebook parameter steps='fifty' must be a whole number "
-                              "(default in 01_baseline: steps = 50)")
+                              "(default in 01_baseline: steps = 0)")
     with pytest.raises(WorkbookError, match="did you mean 'steps'"):
         check_params({"stpes": 10}, defaults)
     with pytest.raises(WorkbookError, match="must be a list of whole numbers"):
@@ -67,7 +67,7 @@ def test_wrong_parameter_type_is_one_line_before_running(tmp_path):
     proc = run_cli("workbook", "--params", str(params), "--out", str(out), timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: notebook parameter steps='fifty' must be a whole number (default in 01_baseline: steps = 50)"]
+        "error: notebook parameter steps='fifty' must be a whole number (default in 01_baseline: steps = 0)"]
     assert not out.exists(), "nothing may run (or be created) before the parameters are checked"
 
 
@@ -318,7 +318,7 @@ def test_time_to_quality_runs_a_speed_record_lever_by_time_to_target_with_its_cu
 
 @pytest.mark.slow
 def test_a_notebook_run_twice_into_one_workbook_reuses_its_fixed_folder_run(tmp_path, small_corpus):
-    """Issue 30: 01_baseline trains its profiled baseline into a fixed study folder. Executed again into the same
+    """01_baseline trains its profiled baseline into a fixed study folder. Executed again into the same
     workbook it runs to the end, trains nothing, says what it reused, and the first run's record is untouched.
     (05_batch_size's sweep goes through the same `launch_or_reuse`: tune/test_study.py runs a sweep twice.)"""
     import papermill as pm
