@@ -126,3 +126,43 @@ def test_no_tracked_name_or_page_speaks_of_how_the_work_was_organised():
     found = [f"{p.relative_to(REPO)}: {m.group(0)!r}" for p, words in prose + code if p.is_file()
              for m in [words.search(p.read_text(encoding="utf-8"))] if m]
     assert found == []
+
+
+# What pages may name that is not this repository's: typos that pages show being refused, names from libc,
+# MindSpore, MindFormers, Hugging Face and the tools the pages run, and what a build makes.
+NOT_OURS = {"my_callbackz", "user_nett", "x_missing", "model.d_modl", "malloc_trim", "adam_m", "model.model_config",
+            "model.safetensors", "--durations", "--strict", "--help", "native/build/libwbkernels.so"}
+PATH_ROOTS = ("helpers/", "tests/", "bench/", "docs/", "notebooks/", "configs/", "native/")
+
+
+def _code_words(tracked: list[str]) -> set[str]:
+    words = set(NOT_OURS) | {Path(p).stem for p in tracked}
+    for p in tracked:
+        if p.endswith((".py", ".yaml", ".ipynb", ".cc", ".h")) or p == "Makefile":
+            words |= set(re.findall(r"--?[A-Za-z][\w-]*|[A-Za-z_]\w*", (REPO / p).read_text(errors="replace")))
+    return words
+
+
+def test_every_config_key_name_cli_flag_and_repository_path_a_page_names_exists():
+    """Docs drift: a page naming a summary key, config key, CLI flag or file the code no longer has. Checked in
+    `code` spans of every page but the changelog (which keeps old names on purpose) and the evidence files."""
+    from helpers import config as config_mod
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    keys, words = set(config_mod.flatten(config_mod.from_dict({}))), _code_words(tracked)
+    sections = "|".join(config_mod.SECTIONS)
+    missing = []
+    for page in [README, *PAGES]:
+        rel = page.relative_to(REPO)
+        if rel.name == "changelog.md" or rel.parts[:2] == ("docs", "data") or rel.name in ("mindformers-keys.md",
+                                                                                          "hf-config-keys.md"):
+            continue  # those two map other projects' keys
+        for span in re.findall(r"`([^`\n]+)`", page.read_text(encoding="utf-8")):
+            found = [k for k in re.findall(rf"(?<![\w./-])((?:{sections})\.[a-z_0-9]+)(?![\w.])", span)
+                     if k not in keys and k not in NOT_OURS]
+            found += [w for w in re.findall(r"(?<![\w./])([a-z][a-z0-9]*_[a-z0-9_]+)(?![\w(.])", span)
+                      if w not in words and not re.fullmatch(r"step_\d+", w)]
+            found += [f for f in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", span) if f not in words]
+            found += [p for p in re.findall(r"(?<![\w/.])((?:%s)[\w./-]*\.\w+)" % "|".join(PATH_ROOTS), span)
+                      if p not in tracked and p not in NOT_OURS and "*" not in p]
+            missing += [f"{rel}: {name}" for name in found]
+    assert missing == []
