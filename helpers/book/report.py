@@ -274,11 +274,13 @@ def relative_text(text: str, base: Path) -> str:
 
 
 def decision_figures(verdict) -> str:
-    """The figures a decision rests on, short: the interval (or seed band), then the loss drift and memory ratio the
-    gates judged (a gate can turn a faster candidate into a reject)."""
+    """The figures a decision rests on, short: the gate that decided it (`Verdict.gate`; a verdict recorded before
+    gates were named has none), the interval (or seed band), then the loss drift and memory ratio the gates judged
+    (a gate can turn a faster candidate into a reject)."""
     gates = [f"loss drift {verdict.loss_drift:+.2%}" if verdict.loss_drift is not None else "",
              f"memory ×{verdict.memory_ratio:.2f}" if verdict.memory_ratio is not None else ""]
-    return "; ".join(x for x in [interval_text(verdict), *gates] if x)
+    by = f"by {verdict.gate}:" if getattr(verdict, "gate", "") else ""
+    return " ".join(x for x in [by, "; ".join(x for x in [interval_text(verdict), *gates] if x)] if x)
 
 
 def rounds_html(rounds: list, failed_notebooks: dict[str, str] | None, base: Path) -> str:

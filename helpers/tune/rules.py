@@ -41,7 +41,8 @@ class Verdict:
     interval: [low, high] of that ratio; noise_band: the interval's relative half-width (for a convergence round:
     the seed band, nats/token); pairs: block pairs (paired, processes) or run pairs (runs) measured; path:
     "paired", "processes" or "runs"; parts: each arm's mean step, fast end, stall and data-wait shares and the
-    fast-end ("compute") ratio (helpers/paired.py `Parts`).
+    fast-end ("compute") ratio (helpers/paired.py `Parts`); gate: what decided (the speed interval, the loss gate,
+    the memory limit, the seed band, whether the target was reached, a run that failed), shown on the decision line.
     """
     decision: str
     reason: str
@@ -57,6 +58,7 @@ class Verdict:
     objective: str = "speed"
     units: dict = field(default_factory=lambda: dict(SPEED_UNITS))
     parts: dict | None = None
+    gate: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,7 +68,7 @@ class Verdict:
         """A verdict as the ledger stored it; entries written before `objective`/`units` existed were speed or
         convergence verdicts, told apart by their rule text."""
         known = {k: data[k] for k in ("decision", "reason", "speedup", "noise_band", "loss_drift", "memory_ratio",
-                                      "rule", "interval", "pairs", "path", "level", "parts") if k in data}
+                                      "rule", "interval", "pairs", "path", "level", "parts", "gate") if k in data}
         objective = data.get("objective") or ("convergence" if "seed band" in (data.get("rule") or "") else "speed")
         units = data.get("units") or UNITS_BY_OBJECTIVE.get(objective, SPEED_UNITS)
         return cls(**{"speedup": None, "noise_band": None, "loss_drift": None, "memory_ratio": None, **known,
@@ -134,7 +136,7 @@ def failed(reason: str, loss_gate: float, memory_limit_bytes: int, rule: str | N
     """The verdict of a round with a run that did not finish (or left no record)."""
     return Verdict("failed", f"{reason} → failed", None, None, None, None,
                    rule or f"a run that did not finish → failed (loss gate {loss_gate:.1%}, memory limit "
-                           f"{mib_text(memory_limit_bytes)})")
+                           f"{mib_text(memory_limit_bytes)})", gate="a run that did not finish")
 
 
 def unfinished(reference: Sequence[RunRecord], candidate: Sequence[RunRecord]) -> str:
@@ -169,6 +171,7 @@ def judge(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], baseli
     memory = memory_gate(reference, candidate, memory_limit_bytes)
     over_memory, worse_loss = memory.over, drift > gate
     verdict = "reject" if over_memory or worse_loss else speed.decision
+    decided_by = "memory limit" if over_memory else "loss gate" if worse_loss else "speed interval"
     speed_part = {"keep": f"above +{plan.floor:.0%}", "reject": f"below −{plan.floor:.0%}",
                   "no change": (f"straddles ±{plan.floor:.0%} at the last look (budget spent)" if speed.budget_spent
                                 else f"inside ±{plan.futility:.0%}, so no change of that size (stopped before the "
@@ -184,7 +187,7 @@ def judge(reference: Sequence[RunRecord], candidate: Sequence[RunRecord], baseli
               f"{memory.text} → {verdict}" + (f" ({', '.join(hits)})" if hits else ""))
     return Verdict(verdict, reason, iv.ratio, iv.half_width, drift, memory.ratio, rule,
                    [iv.ratio_low, iv.ratio_high], look.pairs, path, iv.level, objective="speed", units=SPEED_UNITS,
-                   parts=speed.parts.to_dict())
+                   parts=speed.parts.to_dict(), gate=decided_by)
 
 
 # ------------------------------------------------------------------------ seed-based rules
@@ -281,7 +284,8 @@ def judge_convergence(reference: Sequence[RunRecord], candidate: Sequence[RunRec
               f"{f.target:.4f}: {_times_text(f.reference_times)} → {_times_text(f.candidate_times)}; {_side_text(speedup, memory)} → "
               f"{decision}" + (" (over the memory limit)" if memory.over else ""))
     return Verdict(decision, reason, speedup, f.band, f.delta / ref_mean, memory.ratio,
-                   convergence_rule_text(memory_limit_bytes), objective="convergence", units=CONVERGENCE_UNITS)
+                   convergence_rule_text(memory_limit_bytes), objective="convergence", units=CONVERGENCE_UNITS,
+                   gate="memory limit" if memory.over else "seed band of val loss")
 
 
 def _against_band(delta: float, band: float) -> tuple[str, str]:
@@ -322,21 +326,23 @@ def judge_time_to_target(reference: Sequence[RunRecord], candidate: Sequence[Run
     if f.band is not None:
         speedup = float(np.mean(f.reference_times) / np.mean(f.candidate_times))
         decision, where = _against_band(f.delta, f.band)
-        judged = f"{f.delta:+.1f} s, {where} the seed band ±{f.band:.1f} s"
+        judged, gate = f"{f.delta:+.1f} s, {where} the seed band ±{f.band:.1f} s", "seed band of time to target"
     elif cand_ok and not any(t is not None for t in f.reference_times):
         decision, judged = "keep", "every candidate seed reached it, no reference seed did"
+        gate = "target reached by the candidate only"
     elif cand_ok:
-        decision, judged = _against_censored(reference, f)
+        (decision, judged), gate = _against_censored(reference, f), "seed band, unreached reference seeds censored"
     elif ref_ok:
         decision, judged = "reject", "the candidate did not reach it, the reference did"
+        gate = "target not reached by the candidate"
     else:
-        decision, judged = "no change", "neither arm reached it on every seed"
+        decision, judged, gate = "no change", "neither arm reached it on every seed", "target reached by neither arm"
     memory = memory_gate(reference, candidate, memory_limit_bytes)
     if memory.over:
-        decision = "reject"
+        decision, gate = "reject", "memory limit"
     reason = (f"time to val loss {f.target:.4f} (wall s since process start, evaluation included): reference "
               f"{seed_times_text(f.reference_times)} → candidate {seed_times_text(f.candidate_times)}; {judged}; "
               f"{_side_text(median_speedup(reference, candidate), memory)} → {decision}"
               + (" (over the memory limit)" if memory.over else ""))
     return Verdict(decision, reason, speedup, f.band, None, memory.ratio, ttq_rule_text(memory_limit_bytes),
-                   objective=TIME_TO_TARGET, units=TIME_TO_TARGET_UNITS)
+                   objective=TIME_TO_TARGET, units=TIME_TO_TARGET_UNITS, gate=gate)

@@ -36,13 +36,17 @@ def test_a_clear_gain_is_kept_and_the_reason_prints_estimator_interval_pairs_and
     assert v.reason.endswith("→ keep") and "looks after 8 pairs at 99.70%" in v.rule
 
 
-def test_loss_and_memory_gates_override_the_speed_decision():
+def test_loss_and_memory_gates_override_the_speed_decision_and_each_verdict_names_its_gate():
+    from helpers.book.report import decision_figures
     worse = [_run("c", [2.2, 1.1])]
     v = judge([_run("r", [2.0, 1.0])], worse, BASE, FASTER, PLAN, "paired", 0.02, 2**30)
     assert v.decision == "reject" and "(loss worse at equal tokens)" in v.reason and "beyond gate 2.0%" in v.reason
+    assert v.gate == "loss gate" and decision_figures(v).startswith("by loss gate: tokens/s ×")
     v = judge([_run("r", [2.0, 1.0])], [_run("c", [2.0, 1.0], peak=2**31)], BASE, FASTER, PLAN, "paired", 0.02,
               2**30)
-    assert v.decision == "reject" and "over the memory limit" in v.reason
+    assert v.decision == "reject" and "over the memory limit" in v.reason and v.gate == "memory limit"
+    v = judge([_run("r", [2.0, 1.0])], [_run("c", [2.0, 1.0])], BASE, FASTER, PLAN, "paired", 0.02, 2**30)
+    assert v.decision == "keep" and v.gate == "speed interval"
 
 
 def test_paired_memory_ratio_uses_resident_memory_of_both_arms():

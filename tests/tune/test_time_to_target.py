@@ -79,6 +79,7 @@ def test_an_arm_that_did_not_reach_gets_no_time():
     short = [curve("c1", {5.0: 1.95}), curve("c2", {4.0: 1.9})]  # seed 1 stops above the target
     verdict = judge_time_to_target(ref, short, 1000 * MIB, 1.9)
     assert verdict.decision == "reject" and verdict.speedup is None and verdict.noise_band is None
+    assert verdict.gate == "target not reached by the candidate"  # the decision line names it, not the memory ratio
     assert "candidate did not reach (did not reach, 4.0 s)" in verdict.reason  # no mean for that arm
     assert "reference mean 10.5 s" in verdict.reason
     # the other way round: every candidate seed reached it, one reference seed did not. That miss alone is no
