@@ -1,4 +1,4 @@
-"""Issue 58, item 6: a sweep of bad inputs to `import-config`, `init_from`, `resume --checkpoint`, `prepare` and
+"""A sweep of bad inputs to `import-config`, `init_from`, `resume --checkpoint`, `prepare` and
 `workbook --params` that tests/test_cli_bad_inputs.py and tests/test_bad_inputs.py do not hold, each as the user
 meets it (a fresh process): the documented exit status (2: refused), exactly one `error:` line that names the key
 or file and a fix, no traceback, no "failed unexpectedly" (the line of an unhandled exception), and nothing
@@ -184,7 +184,7 @@ def workbook(w, params: str) -> list[str]:
 # must not exist afterwards, the world entry that must be unchanged or None)
 NOTHING = ("no_run", "imported.yaml", "mr_new", "report")
 CASES = {
-    # import-config: absurd sizes (issue 58 6b), broken sources
+    # import-config: absurd sizes, broken sources
     "import-config: batch_size 1e23": (lambda w: import_config(w, "recipe_batch_1e23"), 2,
                                        ["runner_config.batch_size", "≤ 16,777,216", "fix the value"]),
     "import-config: hidden_size 1e32": (lambda w: import_config(w, "recipe_hidden_1e32"), 2,
@@ -398,7 +398,7 @@ def test_bad_resume_is_one_actionable_line(name, runs):
     assert snapshot(runs[kept]) == before
 
 
-# ------------------------------------------------------------------------------------ a full disk (issue 58 6a)
+# ---------------------------------------------------------------------------------------------- a full disk
 
 def _mounted(folder: Path, size: str):
     """A tmpfs of `size` at `folder` for the test's while, or a skip without root."""

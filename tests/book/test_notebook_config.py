@@ -1,4 +1,4 @@
-"""Issue 59: a `config` notebook parameter every notebook starts from (preset/steps/corpus as shortcuts on top),
+"""A `config` notebook parameter every notebook starts from (preset/steps/corpus as shortcuts on top),
 parameters addressed per notebook, and the generated reference page of every notebook parameter."""
 from __future__ import annotations
 
