@@ -72,6 +72,16 @@ def test_reused_while_unchanged_rebuilt_when_changed(tmp_path, cache, monkeypatc
     second = _build([path])
     assert second.tokenizer.decode(second.span(0, 1).tokens) == "Z"
     assert second.path != first.path and not first.path.exists()  # the old entry can never be read again: pruned
+    # a change that no sampled block holds (mid-file, same size) is told by the file's mtime: the key holds it
+    big = tmp_path / "big.txt"
+    big.write_text("ab" * (1 << 19), encoding="utf-8")  # 1 MiB; bytes 300,000-300,001 lie between sampled blocks
+    whole = _build([big])
+    text = big.read_text(encoding="utf-8")
+    big.write_text(text[:300_000] + "ZZ" + text[300_002:], encoding="utf-8")
+    stat = big.stat()
+    os.utime(big, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a later mtime, whatever the clock
+    edited = _build([big])
+    assert edited.path != whole.path and "ZZ" in edited.tokenizer.decode(edited.span(299_990, 300_010).tokens)
 
 
 def test_damaged_entry_is_rebuilt(tmp_path, cache, capfd):
