@@ -13,7 +13,7 @@ HELPERS = Path(__file__).resolve().parent.parent / "helpers"
 BENCH = HELPERS.parent / "bench"
 # Ground floor first; a module may import its own floor or any floor below it.
 LAYERS = {"config": 0, "record": 0, "paths": 0, "units": 0, "paired": 0, "wire": 0, "mindformers": 4, "run": 1, "spawn": 2, "tune": 3, "book": 4, "cli": 5,
-          "__init__": 5, "__main__": 5, "folder_lock": 0, "docs_pages": 5, "bounded_yaml": 0}
+          "__init__": 5, "__main__": 5, "folder_lock": 0, "docs_pages": 5, "bounded_yaml": 0, "levers": 0}
 
 
 def module_name(path: Path) -> str:

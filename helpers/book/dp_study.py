@@ -12,13 +12,14 @@ import os
 import numpy as np
 import pandas as pd
 
-from helpers.config import Config, from_dict, speed_measured, with_changes
+from helpers import config as config_mod
+from helpers.config import Config, ConfigError, from_dict, speed_measured, with_changes
 from helpers.paths import absolute
 from helpers.book.planner import GB, MODELS, Strategy, eight_by_40gb, estimate, plan_rows, recommend, shape_of
 from helpers.record import RunRecord
 from helpers.spawn.runner import launch_or_reuse
 from helpers.tune.rounds import Workbook
-from helpers.tune.study import run_rounds
+from helpers.tune.study import SHORTCUT_DEFAULTS, base_config, config_path, data_parallel_applies, run_rounds
 from helpers.units import MIB
 
 
@@ -145,3 +146,32 @@ def memory_check(record: RunRecord) -> pd.DataFrame:
                           "estimated activations (MiB)": e.activations / MIB,
                           "estimated total (MiB)": e.total / MIB,
                           "measured peak RSS per process (MiB)": s["peak_memory_bytes"] / MIB}]).set_index("run")
+
+
+def data_parallel_configs(preset: str, steps: int, corpus: str, batch_size: int, device_target: str = "CPU",
+                          config: str | os.PathLike = "") -> tuple[dict[str, Config] | None, str]:
+    """Notebook 10's single-process and unfused DP=2 configs (`dp_configs`) and '' — from `config` when one
+    is given (its model and recipe, with the DP study's batch, schedule spacing and fusion knobs on top) — or
+    (None, the line `data_parallel_applies` gives) when DP does not apply to it."""
+    if not config_path(config):
+        configs = dp_configs(preset or SHORTCUT_DEFAULTS["preset"], steps or 12, corpus or SHORTCUT_DEFAULTS["corpus"],
+                             batch_size, device_target)
+    else:
+        base = base_config(preset, steps, corpus, config=config)
+        plain = dp_configs(base.model.preset if base.model.preset in config_mod.PRESETS else "nano", base.steps,
+                           base.data.corpus[0], batch_size, device_target)["single process"]
+        keep = ("batch_size", "warmup", "eval_every", "eval_batches", "steady_after", "device_target")
+        flat = config_mod.flatten(plain)
+        dp = {k: flat[k] for k in keep}
+        dp.update({k: v for k, v in flat.items() if k.startswith("parallel.fusion")})
+        dp["warmup_ratio"] = 0.0
+        try:
+            single = config_mod.speed_measured(with_changes(base, dp))
+        except ConfigError as exc:
+            return None, f"data parallel does not apply to this config: {exc}"
+        configs = {"single process": single}
+    why = data_parallel_applies(configs["single process"])
+    if why:
+        return None, why
+    configs.setdefault("dp2 unfused", with_changes(configs["single process"], {"parallel.data_parallel": 2}))
+    return configs, ""

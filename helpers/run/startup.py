@@ -17,21 +17,14 @@ from pathlib import Path
 
 from helpers import config as config_mod
 from helpers.config import Config
+from helpers.levers import keys_where
 from helpers.paths import cache_root
 
-# Keys that do not change the compiled graph: where the cache lives, where a resume starts from, when a run ends;
-# the input pipeline and the corpus (its batches are the graph's inputs; the vocabulary, which sizes the graph, is
-# `graph_key`); what is measured or watched from Python (profiler window, monitors that only read), evaluation and
-# checkpoint cadence; the learning-rate schedule and the step count (the host sets the optimizer's scalar LR
+# Keys that do not change the compiled graph (declared in helpers/levers.py): where the cache lives, where a resume
+# starts from, when a run ends; the input pipeline and the corpus; what is measured or watched from Python, evaluation
+# and checkpoint cadence; the learning-rate schedule and the step count (the host sets the optimizer's scalar LR
 # Parameters before every step, run/schedule.py). The seed only matters to random ops in the graph (`_graph_keys`).
-_NOT_IN_GRAPH = ("compile_cache", "compile_cache_path", "resume_from", "target_val_loss", "max_time_s",
-                 "steps", "lr", "warmup", "warmup_ratio", "schedule", "min_lr", "cooldown_frac", "muon_lr", "monitor.lr_factor",
-                 "data.corpus", "data.autotune", "data.num_parallel_workers", "data.order", "data.prefetch",
-                 "data.python_multiprocessing", "data.shuffle_buffer", "data.source_delay_ms", "data.tokenize",
-                 "data.val_fraction", "monitor.profile_steps", "monitor.profile_start", "monitor.spike_ratio",
-                 "monitor.throughput_window", "monitor.memory_window", "monitor.memory_slope_limit",
-                 "monitor.overfit_evals", "parallel.comm_profile_steps", "parallel.master_port", "eval_every",
-                 "eval_batches", "steady_after", "checkpoint_every", "keep_checkpoints")
+_NOT_IN_GRAPH = frozenset(keys_where(in_graph=False))
 
 
 def _graph_keys(cfg: Config) -> dict:

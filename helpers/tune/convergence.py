@@ -17,19 +17,18 @@ from typing import Sequence
 import numpy as np
 
 from helpers.config import Config, with_changes
+from helpers.levers import keys_where
 from helpers.record import RunRecord
 from helpers.paired import t_quantile
 
 # Variables that change what a model learns per token rather than how fast a step runs: a speed round on them
 # measures tokens/s, which they do not move, so `Workbook.run_round` warns and points to objective="convergence".
-CONVERGENCE_VARIABLES = ("lr", "warmup", "warmup_ratio", "schedule", "min_lr", "max_grad_norm", "weight_decay",
-                         "betas", "eps", "model.dropout")
+CONVERGENCE_VARIABLES = keys_where(learning=True)  # declared in helpers/levers.py
 TIME_TO_TARGET = "time_to_target"
 OBJECTIVES = ("speed", "convergence", TIME_TO_TARGET)
 # The recipe: what a time-to-target round may change together (the schedule's length, steps, included: the
 # comparison is in wall seconds to a val loss, not at equal steps or tokens).
-RECIPE = ("lr", "warmup", "warmup_ratio", "steps", "schedule", "cooldown_frac", "min_lr", "batch_size",
-          "grad_accum_steps")
+RECIPE = keys_where(recipe=True)
 
 
 def eval_curve(run: RunRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

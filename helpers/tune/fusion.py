@@ -185,3 +185,11 @@ def shift_summary(shift: pd.DataFrame) -> str:
     new = ", ".join(shift.loc[shift["flag"] == "new", "op"]) or "none"
     return (f"op time {total_b:.1f} → {total_a:.1f} ms/step ({total_a - total_b:+.1f}); vanished: {gone}; "
             f"new: {new}")
+
+
+def fusion_config(preset: str = "", steps: int = 0, corpus: str = "", config: str | os.PathLike = "") -> Config:
+    """Notebook 12's base: `fusion_base` on `base_config(..., config)` (24 steps without a config): the
+    fused-slice q,k,v and the plain formulation (PLAIN_FORMULATION) on top, so its rounds have something
+    to beat."""
+    return base_config(preset, steps, corpus, {"model.qkv": "fused_slice", **PLAIN_FORMULATION}, config,
+                       defaults={"steps": 24})

@@ -10,6 +10,7 @@ from typing import Any
 
 from helpers import config as config_mod
 from helpers.config import Config
+from helpers.levers import keys_where
 from helpers.run.preflight import check_kernels
 from helpers.tune.convergence import CONVERGENCE_VARIABLES, OBJECTIVES, RECIPE, TIME_TO_TARGET, time_to_target, ttq_arms
 from helpers.tune.ledger import RoundError
@@ -30,7 +31,7 @@ GROUPS = (
     frozenset({"schedule", "cooldown_frac"}),
 )
 # Held fixed so candidate and reference runs cover the same steps, data order and steady window.
-FIXED = ("steps", "seed", "steady_after", "resume_from")
+FIXED = keys_where(fixed=True)  # declared in helpers/levers.py
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,47}$")
 
 

@@ -12,49 +12,18 @@ data-parallel processes and the profiler.
 from __future__ import annotations
 
 from helpers.config import Config, all_keys
-
-PAIRED, PROCESSES, RUNS = "paired", "processes", "runs"
-
-# key or section prefix → why two arms could not differ in it inside one process
-PROCESS_GLOBAL = {
-    "mode": "the execution mode is process-wide (ms.set_context)",
-    "jit_level": "grouped with mode, which is process-wide",
-    "threads": "op threads can be set once per process",
-    "device_target": "the device is process-wide (ms.set_device)",
-    "memory_optimize": "the device memory pool is process-wide (ms.runtime.set_memory)",
-    "dataset_sink": "sink mode hands the device its own queue (process-wide on Ascend/GPU)",
-    "data.": "the dataset engine's settings (prefetch, autotune, seed) are process-wide, and each arm's pipeline "
-             "and worker threads are then its own",
-}
-# key or section prefix → why it needs whole runs, each in a process of its own
-RUN_GLOBAL = {
-    "compile_cache": "the compile cache is process-wide and measured by process start-up",
-    "compile_cache_path": "the compile cache is process-wide",
-    "parallel.": "data parallel runs are msrun processes",
-    "monitor.profile_steps": "the profiler is process-wide",
-    "monitor.profile_start": "the profiler is process-wide",
-}
-
+from helpers.levers import LEVERS, PAIRED, PER_GRAPH, PROCESSES, RUNS, keys_where
 
 # Data-parallel keys that two arms can still differ in inside each rank of one msrun launch: MindSpore fixes the
 # all-reduce fusion when each arm's step graph is built and compiled (helpers/spawn/dp_worker.set_fusion).
-PER_GRAPH = {"parallel.comm_fusion", "parallel.fusion_size_mb", "parallel.fusion_indices"}
-
-
-def _match(key: str, table: dict[str, str]) -> str:
-    return next((why for k, why in table.items() if key == k or (k.endswith(".") and key.startswith(k))), "")
+PER_GRAPH_KEYS = frozenset(keys_where(measured=PER_GRAPH))
 
 
 def _why(key: str) -> tuple[str, str]:
-    """(path, why) of one key on a one-process best: RUNS with why, else PROCESSES with why ("" for a model,
-    batch or optimizer key)."""
-    if key in PER_GRAPH:
-        return RUNS, "all-reduce fusion only exists in a data-parallel run (msrun processes)"
-    for path, table_ in ((RUNS, RUN_GLOBAL), (PROCESSES, PROCESS_GLOBAL)):
-        why = _match(key, table_)
-        if why:
-            return path, why
-    return PROCESSES, ""
+    """(path, why) of one key on a one-process best, as `helpers.levers` declares it: RUNS with why, else
+    PROCESSES with why ("" for a model, batch or optimizer key); a key fused per graph needs a data-parallel run."""
+    lever = LEVERS[key]
+    return (RUNS if lever.measured == PER_GRAPH else lever.measured), lever.why
 
 
 def path_of(key: str) -> str:
@@ -70,15 +39,15 @@ def table() -> dict[str, str]:
 def speed_path(changes: dict, best: Config) -> tuple[str, str]:
     """(path, why) for a round changing `changes` (keys) on top of `best`.
 
-    Whole runs (RUNS) when a changed key needs a run of its own (RUN_GLOBAL), when the best is data parallel
-    and the change is not one of the all-reduce fusion keys (PER_GRAPH: those are paired inside each rank of one
+    Whole runs (RUNS) when a changed key needs a run of its own (`helpers.levers`), when the best is data parallel
+    and the change is not one of the all-reduce fusion keys (PER_GRAPH_KEYS: those are paired inside each rank of one
     msrun launch), or when its runs are profiled (one profiler per process, one op table per run); else two
     processes stepping in turns (PROCESSES).
     """
     dp = best.parallel.data_parallel > 1
-    whys = {k: _why(k) for k in changes if not (dp and k in PER_GRAPH)}
+    whys = {k: _why(k) for k in changes if not (dp and k in PER_GRAPH_KEYS)}
     runs = [f"{k}: {why}" for k, (path, why) in whys.items() if path == RUNS]
-    if dp and not set(changes) <= PER_GRAPH:
+    if dp and not set(changes) <= PER_GRAPH_KEYS:
         runs.append("the best config is data parallel (msrun processes)")
     if best.monitor.profile_steps:
         runs.append("every run of the best is profiled, and the profiler is process-wide")

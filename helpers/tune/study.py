@@ -118,36 +118,6 @@ def data_parallel_applies(cfg: Config, processes: int = 2, limit: int | None = N
     return ""
 
 
-def data_parallel_configs(preset: str, steps: int, corpus: str, batch_size: int, device_target: str = "CPU",
-                          config: str | os.PathLike = "") -> tuple[dict[str, Config] | None, str]:
-    """Notebook 10's single-process and unfused DP=2 configs (`dp_study.dp_configs`) and '' — from `config` when one
-    is given (its model and recipe, with the DP study's batch, schedule spacing and fusion knobs on top) — or
-    (None, the line `data_parallel_applies` gives) when DP does not apply to it."""
-    from helpers.book.dp_study import dp_configs
-    if not config_path(config):
-        configs = dp_configs(preset or SHORTCUT_DEFAULTS["preset"], steps or 12, corpus or SHORTCUT_DEFAULTS["corpus"],
-                             batch_size, device_target)
-    else:
-        base = base_config(preset, steps, corpus, config=config)
-        plain = dp_configs(base.model.preset if base.model.preset in config_mod.PRESETS else "nano", base.steps,
-                           base.data.corpus[0], batch_size, device_target)["single process"]
-        keep = ("batch_size", "warmup", "eval_every", "eval_batches", "steady_after", "device_target")
-        flat = config_mod.flatten(plain)
-        dp = {k: flat[k] for k in keep}
-        dp.update({k: v for k, v in flat.items() if k.startswith("parallel.fusion")})
-        dp["warmup_ratio"] = 0.0
-        try:
-            single = config_mod.speed_measured(with_changes(base, dp))
-        except ConfigError as exc:
-            return None, f"data parallel does not apply to this config: {exc}"
-        configs = {"single process": single}
-    why = data_parallel_applies(configs["single process"])
-    if why:
-        return None, why
-    configs.setdefault("dp2 unfused", with_changes(configs["single process"], {"parallel.data_parallel": 2}))
-    return configs, ""
-
-
 def export_applies(cfg: Config) -> str:
     """'' when a run of cfg can be exported as Hugging Face weights (`hf_weights.layout_for` finds its layout), else
     one line why the from-weights study does not apply to this config."""
@@ -164,15 +134,6 @@ def shortcuts_of(cfg: Config) -> tuple[str, str]:
     preset ('nano' for custom dims) and its first corpus."""
     preset = cfg.model.preset if cfg.model.preset in config_mod.PRESETS else SHORTCUT_DEFAULTS["preset"]
     return preset, cfg.data.corpus[0]
-
-
-def fusion_config(preset: str = "", steps: int = 0, corpus: str = "", config: str | os.PathLike = "") -> Config:
-    """Notebook 12's base: `fusion.fusion_base` on `base_config(..., config)` (24 steps without a config): the
-    fused-slice q,k,v and the plain formulation (`fusion.PLAIN_FORMULATION`) on top, so its rounds have something
-    to beat."""
-    from helpers.tune.fusion import PLAIN_FORMULATION
-    return base_config(preset, steps, corpus, {"model.qkv": "fused_slice", **PLAIN_FORMULATION}, config,
-                       defaults={"steps": 24})
 
 
 def slug(key: str, value: Any) -> str:
