@@ -18,6 +18,7 @@ from typing import Callable
 
 from helpers import config as config_module
 from helpers.cli import INTERNAL, parser
+from helpers.levers import GROUPS, LEVERS
 from helpers.mindformers.reference import mapping_markdown
 from helpers.run.hf_keys_reference import keys_markdown
 from helpers.tune.diagnose import troubleshooting_table
@@ -100,6 +101,24 @@ def troubleshooting_page() -> str:
         for part in ("causes", "checks", "fix"):
             out += [f"**{part.capitalize()}**", "", *[f"- {item}" for item in row[part]], ""]
         out.pop()
+    return "\n".join(out) + "\n"
+
+
+def levers_page() -> str:
+    """Every config key as a round sees it (helpers/levers.py): how it is measured and why, and its flags."""
+    yes = {True: "yes", False: ""}
+    out = ["# Levers: each config key as a round sees it", "", GENERATED.format(source="`helpers/levers.py`"), "",
+           "How a speed round that changes the key is measured (`processes`: two arm processes stepping in turns; "
+           "`runs`: whole runs; `per graph`: paired inside each rank of one msrun launch when the best is data "
+           "parallel, whole runs otherwise) and why; whether it is part of the compiled graph (the compile cache "
+           "is keyed by those); whether it changes what the model learns (a speed round on it warns and points to "
+           "`objective=\"convergence\"`); whether a time-to-target round may change it with the rest of the recipe; "
+           "whether every round holds it fixed.", "",
+           "| key | measured | why | in graph | learning | recipe | fixed |", "|---|---|---|---|---|---|---|"]
+    out += [f"| `{key}` | {lever.measured} | {_cell(lever.why)} | {yes[lever.in_graph]} | {yes[lever.learning]} | "
+            f"{yes[lever.recipe]} | {yes[lever.fixed]} |" for key, lever in LEVERS.items()]
+    out += ["", "## Keys a round may change together", "", "| keys | why together |", "|---|---|"]
+    out += [f"| {' + '.join(f'`{k}`' for k in sorted(group))} | {why} |" for group, why in GROUPS.items()]
     return "\n".join(out) + "\n"
 
 
@@ -190,6 +209,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "reference/cli.md": cli_page,
     "reference/mindformers-keys.md": mindformers_page,
     "reference/hf-config-keys.md": hf_keys_page,
+    "reference/levers.md": levers_page,
     "troubleshooting.md": troubleshooting_page,
 }
 

@@ -4,9 +4,10 @@ Each key says how a speed round on it is measured (two arm processes stepping in
 each rank of one msrun launch) and why, whether it is part of the compiled graph (the compile cache's folder is
 named after those keys), whether it changes what the model learns per token (a speed round on it warns and points
 to the convergence objective), whether a time-to-target round may change it with the rest of the recipe, and whether
-every round holds it equal in both arms. `tune/speed_path.py`, `run/startup.py`, `tune/convergence.py` and
-`tune/round_spec.py` read these answers from here; `tests/test_levers.py` fails on a config key with no declaration,
-so a new key is declared once instead of taking a default in each of them.
+every round holds it equal in both arms; and which keys a round may change together (GROUPS).
+`tune/speed_path.py`, `run/startup.py`, `tune/convergence.py`, `tune/round_spec.py` and the generated page
+docs/reference/levers.md read these answers from here; `tests/test_levers.py` fails on a config key with no
+declaration, so a new key is declared once instead of taking a default in each of them.
 """
 from __future__ import annotations
 
@@ -95,6 +96,19 @@ LEVERS: dict[str, Lever] = {
     "keep_checkpoints": HOST,
     "resume_from": replace(HOST, fixed=True),
     "init_from": GRAPH,
+}
+
+
+# Keys a round may change together, each group with why one without the other changes the recipe.
+GROUPS: dict[frozenset[str], str] = {
+    frozenset({"batch_size", "grad_accum_steps"}): "same tokens per optimizer step, a different memory/speed trade",
+    frozenset({"amp_level", "loss_scale"}): "fp16 without loss scaling underflows gradients: AMP and its scaler are "
+                                           "one decision",
+    frozenset({"amp_level", "amp_dtype"}): "the low-precision dtype means nothing at O0",
+    frozenset({"mode", "jit_level"}): "jit_level is the compile level in graph mode but 'wrap the step in ms.jit "
+                                      "or not' in PyNative",
+    frozenset({"schedule", "cooldown_frac"}): "the trapezoid schedule's cool-down length means nothing under "
+                                              "another schedule",
 }
 
 

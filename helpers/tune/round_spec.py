@@ -10,6 +10,7 @@ from typing import Any
 
 from helpers import config as config_mod
 from helpers.config import Config
+from helpers import levers
 from helpers.levers import keys_where
 from helpers.run.preflight import check_kernels
 from helpers.tune.convergence import CONVERGENCE_VARIABLES, OBJECTIVES, RECIPE, TIME_TO_TARGET, time_to_target, ttq_arms
@@ -18,18 +19,7 @@ from helpers.tune.lr_rule import SCALED, LrScaling, check_rule, moves_global_bat
 from helpers.tune.measure import AfterPair
 
 # Variables that only make sense changed together; any other round changes exactly one variable.
-GROUPS = (
-    # Same tokens per optimizer step, different memory/speed trade: changing only one changes the recipe.
-    frozenset({"batch_size", "grad_accum_steps"}),
-    # fp16 without loss scaling underflows gradients; enabling AMP and its scaler is one decision.
-    frozenset({"amp_level", "loss_scale"}),
-    # The low-precision dtype means nothing at O0, so a level and its dtype are chosen together.
-    frozenset({"amp_level", "amp_dtype"}),
-    # jit_level means the compile level in graph mode but "wrap the step in ms.jit or not" in PyNative.
-    frozenset({"mode", "jit_level"}),
-    # The trapezoid schedule's cool-down length means nothing under another schedule.
-    frozenset({"schedule", "cooldown_frac"}),
-)
+GROUPS = tuple(levers.GROUPS)  # declared, with why, in helpers/levers.py
 # Held fixed so candidate and reference runs cover the same steps, data order and steady window.
 FIXED = keys_where(fixed=True)  # declared in helpers/levers.py
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,47}$")
