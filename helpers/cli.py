@@ -66,6 +66,9 @@ def _before_run(cfg, out, replace: bool) -> None:
     (`outdir.claim_locked`)."""
     from helpers.run.outdir import claim_locked
     from helpers.run.preflight import preflight
+    if cfg.parallel.data_parallel <= 1:  # before preflight imports numpy: a thread made earlier (OpenBLAS's) would
+        from helpers.run import interrupt  # take Ctrl-C into MindSpore's handler, which answers with SIGTERM
+        interrupt.catch()
     preflight(cfg)
     moved = claim_locked(out, cfg, replace)
     if moved:

@@ -254,3 +254,19 @@ def test_a_resume_that_fails_before_its_first_step_leaves_the_finished_record_by
     note, = [k for k in after if k.startswith("history/resume_")]
     assert {k: v for k, v in after.items() if k != note} == before
     assert json.loads(after[note])["status"] == "failed"
+
+
+def test_ctrl_c_in_a_run_from_hugging_face_weights_saves_and_exits_130(corpus, tmp_path):
+    """preflight reads the weights' headers with numpy before MindSpore starts: a thread numpy's BLAS made then
+    must not take Ctrl-C into MindSpore's handler (which answers with SIGTERM, exit -15, nothing saved)."""
+    from helpers.run.hf_weights import model_settings
+    weights = REPO / "tests" / "data" / "hf_fixtures" / "llama_gqa"
+    sets = [f"{k}={v}" for k, v in model_settings(weights).items()]
+    out = tmp_path / "run"
+    proc = _start("train", *tiny_args(corpus, 100000, f"init_from={weights}", "model.seq_len=32", *sets),
+                  "--out", str(out), "--progress", "none")
+    assert wait_for(lambda: (out / "metrics.csv").is_file(), 120)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert load_run(out).status == "interrupted" and "interrupted by Ctrl-C" in _lines(err)[-1]

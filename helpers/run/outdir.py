@@ -55,11 +55,11 @@ def _state(folder: Path) -> tuple[RunRecord | None, str, int | None]:
 def refusal(folder: str | os.PathLike) -> str:
     """The one line that refuses a new run in `folder`, which holds a record: what is there, and the ways on."""
     folder = Path(folder)
+    if folder_lock.holder(folder) not in (None, os.getpid()):  # its writer is at work, whatever its files read now
+        return folder_lock.busy_line(folder)
     record, status, last = _state(folder)
     replace = "--replace (replace=True in Python) moves the old record aside first"
     if status == "running":
-        if folder_lock.holder(folder) not in (None, os.getpid()):
-            return folder_lock.busy_line(folder)
         return (f"{str(folder)!r} holds a run that is still training (pid {record.summary.get('pid')}); train into "
                 f"another --out folder, or wait for it to end. Nothing was written")
     if status == FINISHED:

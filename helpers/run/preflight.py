@@ -56,8 +56,9 @@ def preflight(cfg: Config, modules: bool = True) -> None:
     machine fails on nothing else here."""
     check_device(cfg)
     check_paths(cfg)
-    from helpers.run.hf_weights import check_init_from
-    check_init_from(cfg)  # a config.json contradicting its weights, a model not matching them: no tensor read
+    if cfg.init_from:  # numpy comes with the weights' reader: not for a config that has none
+        from helpers.run.hf_weights import check_init_from
+        check_init_from(cfg)  # a config.json contradicting its weights, a model not matching them: no tensor read
     if modules:
         check_modules(cfg)
     check_kernels(cfg)
