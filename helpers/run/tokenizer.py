@@ -40,6 +40,11 @@ class Tokenizer:
         """Token ids of each text (int32); Rust-backed tokenizers encode them in parallel on every core."""
         return [self.encode(t) for t in texts]
 
+    def encode_after(self, texts: list[str], before: list[str]) -> list[np.ndarray]:
+        """Token ids of each text as it tokenizes inside the corpus, just after the text `before` it (pieces of a
+        corpus cut at line breaks or word starts). For these tokenizers a piece tokenizes alone as it does there."""
+        return self.encode_many(texts)
+
     def decode(self, ids) -> str:
         """Text of a sequence of token ids."""
         raise NotImplementedError
@@ -240,6 +245,21 @@ class _WordCache:
 class HfTokenizer(_RustTokenizer):
     """The user's Hugging Face tokenizer.json; documents are separated by its end-of-text token."""
     kind = "hf"
+
+    def encode_after(self, texts: list[str], before: list[str]) -> list[np.ndarray]:
+        """Each text encoded behind the text before it, whose tokens are then dropped: a tokenizer that marks the
+        start of its input (SentencePiece's Metaspace prepends '▁') would otherwise add a token at every cut."""
+        out = []
+        for head, enc in zip(before, self._hf.encode_batch([b + t for b, t in zip(before, texts)],
+                                                           add_special_tokens=False)):
+            ids = np.asarray(enc.ids, dtype=np.int32)
+            if head:  # the head's tokens come first: drop those before the token of the text's first character
+                first = enc.char_to_token(len(head))
+                if first is None:  # a character no token covers (a normalizer dropped it): ask every offset
+                    first = next((k for k, (start, _) in enumerate(enc.offsets) if start >= len(head)), len(ids))
+                ids = ids[first:]
+            out.append(ids)
+        return out
 
 
 class IdsTokenizer(Tokenizer):

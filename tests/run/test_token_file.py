@@ -156,6 +156,24 @@ def _hf_tokenizer(folder, text, vocab_size=300, eos="<|endoftext|>"):
     return hf
 
 
+@pytest.mark.parametrize("style", ["byte-level", "metaspace"])
+def test_a_tokenizer_json_cut_into_small_pieces_gives_the_ids_of_the_whole_text(tmp_path, cache, monkeypatch, style):
+    """Chunks of 4 KB and pieces of 200 bytes, each encoded behind the character before it: the ids of the whole
+    text encoded at once, for GPT-2's byte-level pre-tokenizer and for SentencePiece's Metaspace (which marks the
+    start of every input with '▁': encoded alone, each piece gained a token)."""
+    text = make_text(6000) + CHINESE * 50 + "word " * 3000 + "\n" + make_text(3000, seed=1)
+    path = tmp_path / "c.txt"
+    path.write_text(text, encoding="utf-8")
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    hf = _hf_tokenizer(folder, text) if style == "byte-level" else _llama_tokenizer(folder, text)
+    monkeypatch.setattr(token_file, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(token_file, "PIECE_BYTES", 200)
+    got = _build([path], str(folder / "tokenizer.json"))
+    assert len(got.chunk_bytes) > 10
+    assert got.span(0, got.tokens).tokens.tolist() == hf.encode(text, add_special_tokens=False).ids
+
+
 def _cfg(corpus, **changes):
     base = {"model": {"seq_len": 16}, "data": {"corpus": [str(c) for c in corpus]}, "batch_size": 4, "steps": 6,
             "steady_after": 1, "eval_batches": 2, "seed": 7}
