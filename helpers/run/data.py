@@ -136,6 +136,11 @@ class DataGate:
     def __reduce__(self):  # a copy in another process cannot see this one's state: it never blocks
         return _AlwaysOpen, ()
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the pipeline may work now."""
+        return self._open
+
     def open(self) -> None:
         with self._cond:
             if not self._open:

@@ -18,18 +18,18 @@ it only enters the printed memory ratio. See docs/explanation/speed-rule.md ("Me
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Callable
 
 from helpers.config import Config, with_changes
-from helpers.paired import Measurement
+from helpers.paired import (Measurement, add_pair, live_tokens_per_s, measurement_record, pair_order,
+                            woven)
 from helpers.record import atomic_write_json, update_summary
 from helpers.run.data import DataGate
 from helpers.run.foreign import ForeignLoad
 from helpers.run.metrics import peak_rss_bytes, rss_bytes
-from helpers.run.profile import window_steps, with_profiler
+from helpers.run.profile import warmup_steps, with_profiler
 from helpers.run.train import Phase, Trainer, Turns, configure_mindspore
 from helpers.wire import PAIRED_FILE, PairDone, PairStart, encode
 
@@ -83,7 +83,7 @@ class _Arms:
         """What the parent's live view draws for one arm after a block: its step count, its record's latest
         loss (None before the first row) and tokens/s at the block's median step time."""
         return {"step": step, "loss": self.trainers[name].last_loss,
-                "tokens_per_s": self.tokens_per_step(name) * 1000.0 / statistics.median(times_ms)}
+                "tokens_per_s": live_tokens_per_s(self.tokens_per_step(name), times_ms)}
 
     def tokens_per_step(self, name: str) -> int:
         return self.trainers[name].cfg.tokens_per_step
@@ -96,8 +96,10 @@ class _Arms:
         """Train each record to its last step and write its summary; once one arm failed or ended early, the
         other stops where it is (status 'stopped', naming why)."""
         for name, trainer in self.trainers.items():
+            if trainer.phase is Phase.FINISHED:  # written already (a failed start too: its record says why)
+                trainer.finish()  # releases its pipeline: its threads wait on the gate and the exit joins them
             if trainer.phase in (Phase.BUILT, Phase.FINISHED):
-                continue  # never started, or written already (a failed start too: its record says why)
+                continue
             other = next(n for n in self.trainers if n != name)
             try:
                 while trainer.outcome is None and not self.broken() and out["status"] != "failed":
@@ -140,13 +142,12 @@ def run_pair(reference: Config, candidate: Config, folder: Path, block_steps: in
         setup()
     _first_graph()
     rss_base = rss_bytes()  # MindSpore imported and set up, no model built yet
-    warmup = max(max(c.steady_after, (window_steps(c) or (0, 0))[1]) for c in (reference, candidate))
+    warmup = max(warmup_steps(c) for c in (reference, candidate))
     arms = _Arms(reference, candidate, folder, warmup + block_steps * max_pairs, make_trainer)
-    out = {"block_steps": block_steps, "interleave": interleave, "max_pairs": max_pairs, "warmup_steps": warmup,
-           "tokens_per_step": {name: arms.tokens_per_step(name) for name in arms.trainers},
-           "pairs": [], "waits": [], "foreign_cores": [], "first_in_pair": [], "status": "running", "reason": "",
-           "warmup_ms": {}}
-    memory = out["memory"] = {"rss_before_models_bytes": rss_base}
+    out = measurement_record("paired", block_steps, interleave, max_pairs, warmup,
+                             {name: arms.tokens_per_step(name) for name in arms.trainers})
+    memory = out["memory"]
+    memory["rss_before_models_bytes"] = rss_base
     try:
         _warm_arms(arms, warmup, out)
         out["setup_s"] = time.perf_counter() - t0
@@ -183,10 +184,9 @@ def _measure_pairs(arms: _Arms, out: dict, stop: StopRule, own_pids: Callable[[]
     """The ABBA pairs of `out`'s plan (block_steps, max_pairs, interleave) into `out`, each with its data waits and
     the outside load meanwhile, until `stop`, the budget, or an arm's record ends before a pair is complete."""
     k, max_pairs, warmup = out["block_steps"], out["max_pairs"], out["warmup_steps"]
-    tokens = tuple(out["tokens_per_step"][n] for n in ("reference", "candidate"))
     foreign = ForeignLoad(own_pids)
     for i in range(max_pairs):
-        order = ("reference", "candidate") if i % 2 == 0 else ("candidate", "reference")
+        order = pair_order(i)
         foreign.start()
         got = _interleaved(arms, order, k) if out["interleave"] == "steps" else \
             {name: arms.block(name, k) for name in order}
@@ -194,12 +194,9 @@ def _measure_pairs(arms: _Arms, out: dict, stop: StopRule, own_pids: Callable[[]
             out["status"] = "ended"
             out["reason"] = f"{', '.join(arms.broken()) or 'an arm'} ended before pair {i + 1} was complete"
             return
-        out["pairs"].append((got["reference"][0], got["candidate"][0]))
-        out["waits"].append((got["reference"][1], got["candidate"][1]))
-        out["foreign_cores"].append(foreign.read())
-        out["first_in_pair"].append(order[0])
+        measured = add_pair(out, order, {n: got[n][0] for n in order}, {n: got[n][1] for n in order}, foreign.read())
         _emit(PairDone(i + 1, max_pairs, {name: arms.row(name, got[name][0], warmup + (i + 1) * k) for name in order}))
-        if stop(Measurement(out["pairs"], tokens, out["waits"], out["foreign_cores"])):
+        if stop(measured):
             return
 
 
@@ -208,11 +205,10 @@ def _interleaved(arms: _Arms, order: tuple[str, str], k: int) -> dict[str, tuple
     pair, then the other, then the other twice …), so a slow stretch of the machine that starts mid-pair lands on
     both arms' blocks alike instead of on one block. Per arm: (step ms, data wait ms)."""
     got = {name: ([], []) for name in order}
-    for j in range(k):
-        for name in order if j % 2 == 0 else order[::-1]:
-            times, waits = arms.block(name, 1)
-            got[name][0].extend(times)
-            got[name][1].extend(waits)
+    for name in woven(order, k):
+        times, waits = arms.block(name, 1)
+        got[name][0].extend(times)
+        got[name][1].extend(waits)
     return got
 
 

@@ -233,9 +233,11 @@ class Trainer:
         return self.writer.last_row["loss"] if self.writer.last_row is not None else None
 
     def finish(self, reason: str = "") -> Outcome:
-        """Write the summary with the outcome (once); a run stopped before its end is 'stopped' (with `reason`)."""
+        """Write the summary with the outcome (once); a run stopped before its end is 'stopped' (with `reason`). No
+        step is asked after it: its data gate opens for good (`_release_pipeline`)."""
         self._require_started("finish")
-        if self.phase is Phase.FINISHED:
+        if self.phase is Phase.FINISHED:  # ended in its steps: no step comes after this call either
+            self._release_pipeline()
             return self.outcome
         if self.outcome is None:
             self.outcome = Outcome("stopped", reason or "stopped before its last step", self._loop.start)
@@ -244,7 +246,14 @@ class Trainer:
         self._write_summary({**self._status, "status": self.outcome.status, "status_reason": self.outcome.reason},
                             self.outcome.start_step, self._peaks)
         self.phase = Phase.FINISHED
+        self._release_pipeline()
         return self.outcome
+
+    def _release_pipeline(self) -> None:
+        """Open the data gate of a record that ended: its pipeline's threads were waiting for a turn that will not
+        come, and MindSpore joins them when the process exits (a DP rank hung there, in TaskGroup::join_all)."""
+        if self.turns.gate is not OPEN_GATE:
+            self.turns.gate.open()
 
     def resume_hint(self) -> str:
         """What `resume` can do with this run if it ends now: continue from its last checkpoint, start again (no
@@ -366,6 +375,7 @@ class Trainer:
         """The summary of a run that ended early (`status`), or for a resume before its first new step, a note in
         history/ that leaves the record it continues as it was."""
         self.outcome, self.phase = Outcome(status, reason, start_step), Phase.FINISHED
+        self._release_pipeline()
         try:
             if not self.writer.started:
                 note_attempt(self.run_dir, {"status": status, "status_reason": reason, **extra})
