@@ -43,7 +43,8 @@ from pathlib import Path
 from helpers.config import speed_measured, with_changes
 from helpers.paired import Measurement, SpeedPlan, t_quantile
 from helpers.spawn.runner import launch_or_reuse
-from helpers.spawn.stepped import launch_stepped, warmup_steps
+from helpers.run.profile import warmup_steps
+from helpers.spawn.stepped import launch_stepped
 from helpers.tune.rounds import Workbook
 from helpers.tune.study import base_config
 from provenance import LoadSampler

@@ -87,6 +87,53 @@ class Measurement:
                    raw.get("waits"), raw.get("foreign_cores"))
 
 
+# ------------------------------------------------------------ how every path takes its pairs and records them
+# One home for the two ways that measure in blocks (both arms in one process: run/pair.py, in each msrun rank too;
+# two arm processes: spawn/stepped.py): the order of the arms, the weave of a pair's steps, the paired.json record
+# and the live view's figure. The warm-up rule is `run.profile.warmup_steps` (it needs the profiler window).
+
+ARMS = ("reference", "candidate")
+
+
+def pair_order(i: int) -> tuple[str, str]:
+    """The arm that leads pair `i` (0-based) and the other: the reference in even pairs, the candidate in odd ones
+    (ABBA across pairs)."""
+    return ARMS if i % 2 == 0 else ARMS[::-1]
+
+
+def woven(order: tuple[str, str], k: int) -> list[str]:
+    """Which arm takes each of a pair's 2K single steps: ABBA inside the pair too (order[0], order[1], order[1],
+    order[0], …), so a slow stretch of the machine that starts mid-pair lands on both arms' blocks alike."""
+    return [name for j in range(k) for name in (order if j % 2 == 0 else order[::-1])]
+
+
+def measurement_record(path: str, block_steps: int, interleave: str, max_pairs: int, warmup: int,
+                       tokens_per_step: dict[str, int]) -> dict:
+    """paired.json as a measurement starts it: the plan, and the lists `add_pair` fills (`Measurement.from_raw`
+    reads it back); status 'running' until the measuring path sets how it ended."""
+    return {"path": path, "block_steps": block_steps, "interleave": interleave, "max_pairs": max_pairs,
+            "warmup_steps": warmup, "tokens_per_step": {n: tokens_per_step[n] for n in ARMS}, "pairs": [],
+            "waits": [], "foreign_cores": [], "first_in_pair": [], "status": "running", "reason": "",
+            "warmup_ms": {}, "memory": {}}
+
+
+def add_pair(record: dict, order: tuple[str, str], times_ms: dict[str, list[float]],
+             waits_ms: dict[str, list[float | None]], foreign_cores: float | None) -> Measurement:
+    """One complete pair into `record` (each arm's step ms and data waits, the cores other processes used
+    meanwhile, the arm that led); the measurement so far, for the stop rule."""
+    record["pairs"].append(tuple(times_ms[n] for n in ARMS))
+    record["waits"].append(tuple(waits_ms[n] for n in ARMS))
+    record["foreign_cores"].append(foreign_cores)
+    record["first_in_pair"].append(order[0])
+    return Measurement.from_raw(record)
+
+
+def live_tokens_per_s(tokens_per_step: float, times_ms: Sequence[float]) -> float:
+    """What the live view draws for an arm after a block: tokens/s at the block's median step (the verdict uses
+    every step; this is only the curve)."""
+    return tokens_per_step * 1000.0 / statistics.median(times_ms)
+
+
 @dataclass(frozen=True)
 class SpeedPlan:
     """How a round measures speed: block length, looks (pairs done when the interval is checked) and the

@@ -247,3 +247,17 @@ def test_a_large_change_ends_at_the_first_look_and_a_small_one_goes_on():
     assert should_stop(big.head(plan.looks[0]), plan)
     small = Measurement(list(zip(blocks_of(100.0, plan.max_pairs), blocks_of(103.0, plan.max_pairs))), (1, 1))
     assert not should_stop(small.head(plan.looks[0]), plan) and conclude(small, plan).look.pairs > plan.looks[0]
+
+
+def test_both_measuring_paths_take_their_pairs_in_one_order_and_record_them_one_way():
+    from helpers.paired import add_pair, live_tokens_per_s, measurement_record, pair_order, woven
+    assert [pair_order(i) for i in range(3)] == [("reference", "candidate"), ("candidate", "reference"),
+                                                 ("reference", "candidate")]
+    assert woven(("candidate", "reference"), 3) == ["candidate", "reference", "reference", "candidate", "candidate",
+                                                    "reference"]
+    record = measurement_record("processes", 3, "steps", 8, 6, {"candidate": 20, "reference": 10})
+    m = add_pair(record, ("candidate", "reference"), {"reference": [2.0, 2.0, 2.0], "candidate": [1.0, 1.0, 1.0]},
+                 {"reference": [0.0] * 3, "candidate": [None] * 3}, 0.1)
+    assert record["pairs"] == [([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])] and record["first_in_pair"] == ["candidate"]
+    assert m.tokens == (10, 20) and m.waits == [([0.0] * 3, [None] * 3)] and m.foreign_cores == [0.1]
+    assert live_tokens_per_s(10, [1.0, 4.0, 2.0, 3.0]) == 10 * 1000.0 / 2.5  # the median, the same on both paths

@@ -43,6 +43,12 @@ def window_steps(cfg: Config) -> tuple[int, int] | None:
     return first, first + k - 1
 
 
+def warmup_steps(cfg: Config) -> int:
+    """Steps an arm of a round takes before it is timed (both measuring paths, run/pair.py and spawn/stepped.py):
+    its steady_after and its profiler window, so no profiled step falls inside a block."""
+    return max(cfg.steady_after, (window_steps(cfg) or (0, 0))[1])
+
+
 def with_profiler(cfg: Config, window: int) -> Config:
     """`cfg` with a profiler window of up to `window` steady steps: at most half of them, so unprofiled steps
     remain to measure speed (and the profiler's overhead against)."""

@@ -30,11 +30,12 @@ from typing import Callable
 
 from helpers import config as config_mod
 from helpers.config import Config
-from helpers.paired import Measurement
+from helpers.paired import (Measurement, add_pair, live_tokens_per_s, measurement_record, pair_order,
+                            woven)
 from helpers.paths import REPO_ROOT, absolute
 from helpers.record import RecordError, RunRecord, atomic_write_json, load_run
 from helpers.run.foreign import ForeignLoad
-from helpers.run.profile import window_steps, with_profiler
+from helpers.run.profile import warmup_steps, with_profiler
 from helpers.spawn import zygote
 from helpers.spawn.live import publish
 from helpers.spawn.runner import child_env
@@ -42,13 +43,6 @@ from helpers.wire import PAIRED_FILE, ArmReady, FinishRequest, StepRequest, Step
 
 ARMS = ("candidate", "reference")
 READY_TIMEOUT_S = 600.0  # start, import and build of a big config on a loaded machine
-def warmup_steps(cfg: Config) -> int:
-    """Steps an arm takes before it is timed: its steady_after and its profiler window. (It once also ran past
-    data.prefetch + 4 steps: the pipeline read that far ahead while the first step compiled, and on the slow-storage
-    demo the first 8–12 steps after a 4-step warm-up never waited. Now the compile step gates the pipeline.)"""
-    return max(cfg.steady_after, (window_steps(cfg) or (0, 0))[1])
-
-
 class _Arm:
     """The parent's side of one arm process: its process, its socket, freezing and waking it."""
 
@@ -204,12 +198,11 @@ def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, sto
     folder.mkdir(parents=True, exist_ok=True)
     k, max_pairs = plan["block_steps"], plan["looks"][-1]
     cfgs = _arm_configs(reference, candidate, profile_steps)
+    # (The warm-up once also ran past data.prefetch + 4 steps: the pipeline read that far ahead while the first
+    # step compiled. Now the compile step gates the pipeline, run/loop.py.)
     warmup = max(warmup_steps(c) for c in cfgs.values())
-    out = {"path": "processes", "block_steps": k, "interleave": "steps", "max_pairs": max_pairs,
-           "warmup_steps": warmup, "tokens_per_step": {n: c.tokens_per_step for n, c in cfgs.items()},
-           "pairs": [], "waits": [], "foreign_cores": [], "first_in_pair": [], "status": "running", "reason": "",
-           "warmup_ms": {}, "memory": {}}
-    tokens = (reference.tokens_per_step, candidate.tokens_per_step)
+    out = measurement_record("processes", k, "steps", max_pairs, warmup,
+                             {n: c.tokens_per_step for n, c in cfgs.items()})
     bar, label = None, desc or folder.name
     if progress:
         from tqdm.auto import tqdm
@@ -223,7 +216,7 @@ def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, sto
             warm = _warm(arms, warmup, any(c.monitor.profile_steps for c in cfgs.values()), out)
             out["setup_s"] = time.perf_counter() - t0
             if warm:
-                _measure(arms, out, k, max_pairs, tokens, stop, bar, label)
+                _measure(arms, out, k, max_pairs, stop, bar, label)
         except (RuntimeError, OSError) as exc:  # an arm process that crashed or could not be built
             out["status"], out["reason"] = "failed", str(exc).splitlines()[0]
         finally:
@@ -270,35 +263,32 @@ def _records(folder: Path) -> tuple[RunRecord | None, RunRecord | None]:
     return records[0], records[1]
 
 
-def _measure(arms: dict[str, _Arm], out: dict, k: int, max_pairs: int, tokens: tuple[float, float],
-             stop: Callable[[Measurement], bool], bar, label: str) -> None:
+def _measure(arms: dict[str, _Arm], out: dict, k: int, max_pairs: int, stop: Callable[[Measurement], bool], bar,
+             label: str) -> None:
     """The pairs: K steps of each arm, woven one by one in ABBA order, until `stop` or `max_pairs`."""
     foreign = ForeignLoad(lambda: [a.proc.pid for a in arms.values()])
     for i in range(max_pairs):
-        order = ("reference", "candidate") if i % 2 == 0 else ("candidate", "reference")
+        order = pair_order(i)
         got = {n: StepResult([], []) for n in order}
         foreign.start()
-        for j in range(k):
-            for name in order if j % 2 == 0 else order[::-1]:
-                result = arms[name].step()
-                got[name].times_ms += result.times_ms
-                got[name].waits_ms += result.waits_ms
-                got[name].loss, got[name].ended = result.loss, result.ended
+        for name in woven(order, k):
+            result = arms[name].step()
+            got[name].times_ms += result.times_ms
+            got[name].waits_ms += result.waits_ms
+            got[name].loss, got[name].ended = result.loss, result.ended
         ended = [n for n, g in got.items() if g.ended not in ("", "ok") or len(g.times_ms) < k]
         if ended:
             out["status"] = "ended"
             out["reason"] = f"the {ended[0]} arm's record ended '{got[ended[0]].ended}' before pair {i + 1} was complete"
             return
-        out["pairs"].append((got["reference"].times_ms, got["candidate"].times_ms))
-        out["waits"].append((got["reference"].waits_ms, got["candidate"].waits_ms))
-        out["foreign_cores"].append(foreign.read())
-        out["first_in_pair"].append(order[0])
+        measured = add_pair(out, order, {n: g.times_ms for n, g in got.items()},
+                            {n: g.waits_ms for n, g in got.items()}, foreign.read())
         for name in order:
-            ms = sorted(got[name].times_ms)[len(got[name].times_ms) // 2]
             publish(f"{label} {name}", {"step": out["warmup_steps"] + (i + 1) * k, "loss": got[name].loss,
-                                        "tokens_per_s": out["tokens_per_step"][name] * 1000.0 / ms})
+                                        "tokens_per_s": live_tokens_per_s(out["tokens_per_step"][name],
+                                                                          got[name].times_ms)})
         if bar is not None:
             bar.n = i + 1
             bar.refresh()
-        if stop(Measurement(out["pairs"], tokens, out["waits"], out["foreign_cores"])):
+        if stop(measured):
             return

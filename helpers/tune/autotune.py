@@ -35,7 +35,7 @@ from helpers.tune.diagnose import Diagnosis, diagnose
 from helpers.tune.ledger import RoundError
 from helpers.record import RunRecord
 from helpers.paired import DP_PAIRED_PLAN, PROCESS_PLAN, RUNS_PLAN
-from helpers.spawn.stepped import warmup_steps
+from helpers.run.profile import warmup_steps
 from helpers.tune.convergence import TIME_TO_TARGET
 from helpers.tune.lr_rule import DEFAULT_LR_RULE, SCALED
 from helpers.tune.rounds import Workbook, load_runs

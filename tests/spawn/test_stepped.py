@@ -8,7 +8,8 @@ import pytest
 
 from helpers.config import with_changes
 from helpers.paired import Measurement, SpeedPlan
-from helpers.spawn.stepped import launch_stepped, warmup_steps
+from helpers.run.profile import warmup_steps
+from helpers.spawn.stepped import launch_stepped
 from helpers.tune.study import base_config
 from helpers.wire import PAIRED_FILE
 
