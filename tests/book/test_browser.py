@@ -21,6 +21,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from helpers.book.notebooks import WIDGETS_JS_DIR, run_workbook
+from helpers.config import load_config
 from tests.conftest import REPO
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -42,9 +43,12 @@ def _free_port() -> int:
 
 
 def _panel_notebook(folder: Path) -> Path:
+    """The round panel on the user's own config file (the notebooks' `config` parameter), a shortcut on top."""
+    (folder / "mine.yaml").write_text("model: {preset: debug}\nbatch_size: 6\nlr: 0.002\n", encoding="utf-8")
     cells = [new_code_cell("from helpers.tune.rounds import Workbook\nfrom helpers.tune.study import base_config\n"
                            "from helpers.book.widgets import round_panel"),
-             new_code_cell("wb = Workbook.create('wb', base_config('debug', 10))\nround_panel(wb, 'batch_size', '16')")]
+             new_code_cell("wb = Workbook.create('wb', base_config(steps=10, config='mine.yaml'))\n"
+                           "round_panel(wb, 'batch_size', '16')")]
     nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
                                                             "language": "python"}})
     path = folder / "panel.ipynb"
@@ -152,6 +156,8 @@ def test_round_panel_renders_and_its_button_reaches_the_workbook(lab):
         status.wait_for(timeout=20_000)  # the click ran RoundPanel.run → Workbook.run_round in the kernel
         page.screenshot(path=str(ARTIFACTS / "round_panel.png"), full_page=True)
     assert (ARTIFACTS / "round_panel.png").stat().st_size > 10_000
+    best = load_config(root / "wb" / "best.yaml")  # the workbook the panel drives starts from the file
+    assert (best.batch_size, best.lr, best.steps, best.model.preset) == (6, 0.002, 10, "debug")
 
 
 def test_baseline_notebook_runs_in_jupyterlab_and_its_widgets_render(lab):
