@@ -154,6 +154,26 @@ def _notebooks_part(tmp_path_factory, part: str) -> tuple[Path, dict[str, str]]:
 
 
 @contextmanager
+def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (mount's notation: 1m, 1500k) mounted at `folder` (made here) for the with-block, then
+    unmounted; a skip where mount is refused (it needs root: CI runs as root, and its tests are ci_required)."""
+    folder.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
+                          text=True)
+    if proc.returncode:
+        pytest.skip(f"cannot mount a small tmpfs to fill ({proc.stderr.strip() or 'mount failed'}); needs root")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def stderr_lines(stderr: str) -> list[str]:
+    """A command's stderr without blank lines and MindSpore's [WARNING] lines: what a user reads."""
+    return [line for line in stderr.splitlines() if line.strip() and not line.lstrip().startswith("[WARNING]")]
+
+
+@contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on `path` (created) against the other pytest-xdist workers."""
     import fcntl

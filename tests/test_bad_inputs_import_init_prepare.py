@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tests.conftest import REPO, make_text, run_cli, snapshot, tiny_args
+from tests.conftest import REPO, make_text, run_cli, small_tmpfs, snapshot, tiny_args
 
 VOCAB, LAYERS, HEADS, D, HIDDEN = 40, 2, 2, 32, 48
 LLAMA_CONFIG = {"model_type": "llama", "hidden_size": D, "intermediate_size": HIDDEN, "num_hidden_layers": LAYERS,
@@ -400,28 +400,17 @@ def test_bad_resume_is_one_actionable_line(name, runs):
 
 # ---------------------------------------------------------------------------------------------- a full disk
 
-def _mounted(folder: Path, size: str):
-    """A tmpfs of `size` at `folder` for the test's while, or a skip without root."""
-    folder.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
-                          text=True)
-    if proc.returncode:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({proc.stderr.strip() or 'mount failed'}); needs root")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=False)
-
-
 @pytest.fixture
 def small_disk(tmp_path):
-    yield from _mounted(tmp_path / "small", "1m")
+    with small_tmpfs(tmp_path / "small", "1m") as folder:
+        yield folder
 
 
 @pytest.fixture
 def tiny_disk(tmp_path):
     """64 KiB: less than the debug model's export (0.2 MB)."""
-    yield from _mounted(tmp_path / "small", "64k")
+    with small_tmpfs(tmp_path / "small", "64k") as folder:
+        yield folder
 
 
 @pytest.mark.ci_required  # needs root to mount the tmpfs: CI runs as root, so a skip there is a failure

@@ -16,13 +16,10 @@ import pytest
 from helpers.record import load_run, read_metric_rows
 from helpers.run.checkpoints import RUN, STEP
 from helpers.run.ckpt_file import read_entries
-from tests.conftest import make_text, run_cli, snapshot, tiny_args
+from tests.conftest import make_text, run_cli, snapshot, stderr_lines, tiny_args
 
 pytestmark = pytest.mark.slow
 
-
-def _lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.strip() and not line.lstrip().startswith("[WARNING]")]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +82,7 @@ def test_resume_refuses_a_checkpoint_that_is_not_what_its_name_and_folder_say(fi
     _copy_over(other, _own(run, 15))
     before = snapshot(run)
     proc = run_cli("resume", str(run), "--checkpoint", "step_000015.ckpt", "--steps", "30", "--progress", "none")
-    line, = _lines(proc.stderr)
+    line, = stderr_lines(proc.stderr)
     assert proc.returncode == 2, proc.stderr[-2000:]
     why = "it holds the state after step 10, not step 15" if source == "own step 10" else \
         "it was saved by another run"
@@ -100,7 +97,7 @@ def test_a_model_the_checkpoint_cannot_fill_is_refused_naming_its_parameters(two
     proc = run_cli("train", *tiny_args(corpus, 30, f"resume_from={_own(two_blocks, 15)}"), "--out", str(out),
                    "--progress", "none")
     assert proc.returncode != 0
-    line = _lines(proc.stderr)[-1]
+    line = stderr_lines(proc.stderr)[-1]
     assert "holds another model" in line and "parameters this model has not" in line and "blocks.1." in line, line
     assert "no step was trained" in line and not (out / "metrics.csv").exists()
 

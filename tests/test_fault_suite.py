@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers.record import load_run, read_metric_rows
-from tests.conftest import REPO, make_text, run_cli, snapshot, tiny_args, wait_for
+from tests.conftest import REPO, make_text, run_cli, snapshot, stderr_lines, tiny_args, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,9 +33,6 @@ def _start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "helpers", *args], cwd=REPO, env=_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-
-def _lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.strip() and not line.lstrip().startswith("[WARNING]")]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +64,7 @@ def test_two_writers_raced_twenty_times_one_wins_and_the_record_is_its(corpus, t
         loser = 3 - winners[0]
         code, err = done[loser]
         assert code == 2, (trial, err)
-        line, = _lines(err)
+        line, = stderr_lines(err)
         assert "is being written by another process (pid " in line or "already holds a finished run" in line, line
         record = load_run(out)  # one run's record: its config, all its rows, its checkpoint, nothing of the other
         assert record.status == "ok" and record.config.seed == winners[0]
@@ -83,7 +80,7 @@ def test_resume_of_a_run_still_training_is_refused(corpus, tmp_path):
     try:
         assert wait_for(lambda: len(list((out / "checkpoints").glob("step_*.ckpt"))) >= 1, 120)
         resume = run_cli("resume", str(out), "--steps", "30000")
-        line, = _lines(resume.stderr)
+        line, = stderr_lines(resume.stderr)
         assert resume.returncode == 2 and f"pid {train.pid}" in line and "being written by another process" in line
         prepare = run_cli("prepare", "--to", "mindrecord", "--out", str(out))  # nor another command into it
         assert prepare.returncode == 2 and "holds a run record" in prepare.stderr
@@ -112,7 +109,7 @@ def test_ctrl_c_at_a_random_step_ten_times_resumes_to_the_uninterrupted_losses(c
         out, at = tmp_path / f"run_{trial}", rng.randrange(3, STEPS - 20)
         code, err = _interrupt_at(corpus, out, at)
         assert code == 130, err[-2000:]
-        line, = _lines(err)
+        line, = stderr_lines(err)
         record = load_run(out)
         stopped = record.metrics[-1]["step"]
         assert line.startswith("interrupted: interrupted by Ctrl-C after step ") and \
@@ -135,7 +132,7 @@ def test_ctrl_c_before_the_first_step_records_it_and_resume_starts_it_again(corp
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
-    line, = _lines(err)
+    line, = stderr_lines(err)
     assert "before its first step" in line and f"start it again with: python -m helpers resume {out}" in line
     assert load_run(out).status == "interrupted" and load_run(out).metrics == []
     resumed = run_cli("resume", str(out), "--progress", "none")
@@ -211,7 +208,7 @@ def test_resume_from_a_damaged_newest_checkpoint_names_the_intact_one_and_change
     damage(newest)
     before = snapshot(run)
     proc = run_cli("resume", str(run), "--steps", "30", "--progress", "none")
-    line, = _lines(proc.stderr)
+    line, = stderr_lines(proc.stderr)
     assert proc.returncode == 2 and "step_000020.ckpt' is damaged" in line and "nothing was written" in line
     intact = run / "checkpoints" / "step_000015.ckpt"
     way = f"python -m helpers resume {run} --checkpoint {intact}"
@@ -235,7 +232,7 @@ def test_resume_with_every_checkpoint_damaged_says_none_is_left(finished, tmp_pa
         _truncate(ckpt)
     before = snapshot(run)
     proc = run_cli("resume", str(run), "--steps", "30")
-    line, = _lines(proc.stderr)
+    line, = stderr_lines(proc.stderr)
     assert proc.returncode == 2 and "no intact checkpoint is left" in line and snapshot(run) == before
 
 
@@ -247,7 +244,7 @@ def test_a_resume_that_fails_before_its_first_step_leaves_the_finished_record_by
     (run / "config.yaml").write_text(cfg)  # the corpus the run trained on is gone
     before = snapshot(run)
     proc = run_cli("resume", str(run), "--steps", "30", "--progress", "none")
-    line, = _lines(proc.stderr)
+    line, = stderr_lines(proc.stderr)
     assert proc.returncode == 1 and "does not exist" in line
     assert f"the record in {run} is unchanged (status ok)" in line
     after = snapshot(run)
@@ -269,4 +266,4 @@ def test_ctrl_c_in_a_run_from_hugging_face_weights_saves_and_exits_130(corpus, t
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
-    assert load_run(out).status == "interrupted" and "interrupted by Ctrl-C" in _lines(err)[-1]
+    assert load_run(out).status == "interrupted" and "interrupted by Ctrl-C" in stderr_lines(err)[-1]

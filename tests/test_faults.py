@@ -26,7 +26,7 @@ from helpers.config import from_dict
 from helpers.tune.ledger import Ledger
 from helpers.record import load_run, read_metric_rows
 from helpers.tune.rounds import Workbook
-from tests.conftest import REPO, run_cli, tiny_args, wait_for
+from tests.conftest import REPO, run_cli, small_tmpfs, tiny_args, wait_for
 
 pytestmark = pytest.mark.slow
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
@@ -105,14 +105,8 @@ def test_second_workbook_run_on_the_same_folder_is_refused(faulty_run):
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1.5 MB tmpfs: room for one tiny-preset checkpoint (1.25 MB), not two. Skips where mount is refused."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({proc.stderr.strip() or 'mount failed'}); needs root")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=True)
+    with small_tmpfs(tmp_path / "disk", "1500k") as mnt:
+        yield mnt
 
 
 @pytest.mark.ci_required  # needs root to mount the tmpfs: CI runs as root, so a skip there is a failure

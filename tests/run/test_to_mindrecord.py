@@ -14,7 +14,7 @@ from helpers.config import from_dict
 from helpers.run.mindrecord import PARTIAL, TRAIN_FILE, MindRecordError, locate_set
 from helpers.run import to_mindrecord
 from helpers.run.to_mindrecord import window_chunks, write_corpus
-from tests.conftest import REPO, make_text, run_cli, wait_for
+from tests.conftest import REPO, make_text, run_cli, small_tmpfs, wait_for
 
 
 def cfg_of(corpus, seq_len: int = 32):
@@ -55,17 +55,9 @@ def test_a_killed_prepare_leaves_no_set_and_the_next_one_writes_it(tmp_path):
 def small_disk(tmp_path, monkeypatch):
     """A 16 MB tmpfs (MindSpore stops writing MindRecord below about 10 MB free); the token cache elsewhere. Skips
     where mount is refused."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
-    if proc.returncode:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({proc.stderr.strip() or 'mount failed'}); needs root")
     monkeypatch.setenv("WORKBOOK_DATA_CACHE", str(tmp_path / "cache"))
-    try:
+    with small_tmpfs(tmp_path / "disk", "16m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.ci_required  # needs root to mount the tmpfs: CI runs as root, so a skip there is a failure

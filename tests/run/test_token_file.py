@@ -18,7 +18,7 @@ from helpers.run import corpus, token_file
 from helpers.run.corpus import CorpusBytes, DataError
 from helpers.run.data import prepare
 from helpers.run.token_file import TokenizerSpec
-from tests.conftest import REPO, make_text, wait_for
+from tests.conftest import REPO, make_text, small_tmpfs, wait_for
 
 CHINESE = "今天天气很好，我们去公园散步。"
 
@@ -119,13 +119,7 @@ def test_a_killed_tokenization_leaves_no_entry_and_restarts_cleanly(tmp_path, ca
 
 @pytest.mark.ci_required  # needs root to mount the tmpfs: CI runs as root, so a skip there is a failure
 def test_a_full_disk_leaves_no_half_file_and_says_how_much_is_needed(tmp_path, monkeypatch):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
-    if proc.returncode:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({proc.stderr.strip() or 'mount failed'}); needs root")
-    try:
+    with small_tmpfs(tmp_path / "small", "1m") as mnt:
         monkeypatch.setenv("WORKBOOK_DATA_CACHE", str(mnt))
         path = tmp_path / "c.txt"
         path.write_text(make_text(200_000), encoding="utf-8")  # ≈ 1.2 MB: 2.4 MB of uint16 ids
@@ -136,8 +130,6 @@ def test_a_full_disk_leaves_no_half_file_and_says_how_much_is_needed(tmp_path, m
         with pytest.raises(DataError, match=r"needs up to 2 MB; free disk space or set WORKBOOK_DATA_CACHE"):
             _build([path], "byte")
         assert [p.name for p in (mnt / "tokens").iterdir() if not p.name.endswith(".lock")] == []
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def _hf_tokenizer(folder, text, vocab_size=300, eos="<|endoftext|>"):
