@@ -28,6 +28,13 @@ per effect with default settings, the effects interleaved (trial i of every effe
 in the machine lands on all of them; every interval is kept. A kept round is rolled back, so each trial compares
 against the same pinned baseline.
 
+`validity_stalls` holds the large effects with stalls (STALL_EFFECTS): notebook 02's slow storage at 18 ms a sample
+removed (×3–4 on this machine), and one more map worker on 6 ms storage (about +30%). Their truth is long separate
+runs (TRUTH_RUN_PAIRS ABBA pairs of TRUTH_RUN_STEPS steps, each run its own process, stalls included), measured before
+the first trial and every TRUTH_EVERY trials: a stall-bound arm waits on its storage whatever the machine's speed, so
+the turns that cancel the machine's drift for two compute-bound arms cancel it only in part here, and the truth must
+be what a run of its own pays.
+
 Resumable: the workbooks, truths and trials live in `--validity-dir` (default bench/results/validity_work, not
 kept in git); a run with the same settings goes on where the last one stopped.
 """
@@ -74,6 +81,18 @@ EFFECTS = {
     "data workers 1→2": (DEMO, 12, {"data.num_parallel_workers": 2}, None, "keep"),
     "threads 1→2": ({"threads": 1}, 50, {"threads": 2}, None, "keep"),
 }
+# Large effects with stalls (`validity_stalls`): slow storage removed (×3–4 here) and one more map worker on
+# milder slow storage (about +30%). Their true ratio is what long runs of their own pay: a stall-bound arm (its
+# storage latency) does not slow with the machine while a compute-bound one does, so two arms taking turns agree
+# with a run of its own only as far as the machine's speed held.
+STALL_EFFECTS = {
+    "slow storage removed": ({**DEMO, "data.source_delay_ms": 18.0}, 12, {"data.source_delay_ms": 0.0}, None, "keep"),
+    "data workers 1→2, +30%": ({**DEMO, "data.source_delay_ms": 6.0}, 12, {"data.num_parallel_workers": 2}, None,
+                               "keep"),
+}
+LONG_RUN_TRUTHS = frozenset(STALL_EFFECTS)  # effects whose truth is separate long runs, not turns
+TRUTH_RUN_PAIRS, TRUTH_RUN_STEPS = 3, 150  # a long-run truth: ABBA pairs of separate runs of this many steps
+STALLS_WORK = REPO / "bench" / "results" / "validity_stalls_work"
 COVERAGE, CALLS, AA_CALLS = 18, 19, 19  # of 20 trials, scaled to the trials run
 LEAN_LIMIT, HALF_WIDTH_LIMIT = 0.003, 0.025
 PROCESS_HALF_WIDTH_LIMIT, PROCESS_WALL_LIMIT_S = 0.05, 60.0
@@ -125,6 +144,16 @@ def _standalone(ref_cfg, cand_cfg, folder: Path, pairs: int, steps: int) -> dict
             "steps": steps, "pairs": pairs}
 
 
+def _truth(name: str, ref_cfg, cand_cfg, folder: Path) -> dict:
+    """One truth measurement of effect `name`: long separate runs (LONG_RUN_TRUTHS) or the arms taking turns."""
+    if name not in LONG_RUN_TRUTHS:
+        return _interleaved(ref_cfg, cand_cfg, folder, TRUTH_STEPS)
+    got = _standalone(ref_cfg, cand_cfg, folder, TRUTH_RUN_PAIRS, TRUTH_RUN_STEPS)
+    return {"ratio": got["ratio"], "steps": TRUTH_RUN_STEPS, "pairs": TRUTH_RUN_PAIRS, "runs": got,
+            "how": "ABBA pairs of separate runs, each its own process; the ratio of the arms' mean tokens ÷ wall "
+                   "time of their steps after the warm-up, stalls included"}
+
+
 def _sized(name: str, base, work: Path) -> dict:
     """The width of ballast `name` for +TARGET of the mean step, from one long measurement of its probe width."""
     probe = with_changes(base, {"model.ballast": PROBES[name]})
@@ -134,14 +163,15 @@ def _sized(name: str, base, work: Path) -> dict:
             "width": max(1, round(PROBES[name] * TARGET / slowdown))}
 
 
-def _setup(work: Path, log) -> dict:
-    """Each effect's baseline, round changes, true ratio and standalone cross-check (state.json in `work`)."""
+def _setup(work: Path, log, effects: dict = EFFECTS) -> dict:
+    """Each effect's baseline, round changes, true ratio and standalone cross-check (state.json in `work`; an
+    effect whose truth is separate runs needs no cross-check of that kind)."""
     state_file = work / "state.json"
     if state_file.is_file():
         return json.loads(state_file.read_text(encoding="utf-8"))
     work.mkdir(parents=True, exist_ok=True)
     state = {"_sized": {}}
-    for name, (base_changes, steps, changes, path, expected) in EFFECTS.items():
+    for name, (base_changes, steps, changes, path, expected) in effects.items():
         cfg = base_config("nano", steps, changes=base_changes)
         if isinstance(changes, str):
             state["_sized"][changes] = _sized(changes, cfg, work)
@@ -150,8 +180,9 @@ def _setup(work: Path, log) -> dict:
             truth, cross = {"ratio": 1.0, "how": "the same config in both arms"}, None
         else:
             cand = with_changes(cfg, changes)
-            truth = _interleaved(cfg, cand, work / "truth" / _slug(name), TRUTH_STEPS)
-            cross = _standalone(cfg, cand, work / "standalone" / _slug(name), STANDALONE_PAIRS, STANDALONE_STEPS)
+            truth = _truth(name, cfg, cand, work / "truth" / _slug(name))
+            cross = None if name in LONG_RUN_TRUTHS else _standalone(cfg, cand, work / "standalone" / _slug(name),
+                                                                      STANDALONE_PAIRS, STANDALONE_STEPS)
         state[name] = {"baseline_changes": base_changes, "steps": steps, "changes": changes, "path": path,
                        "expected": expected, "truth": truth, "standalone": cross}
         log(f"  truth {name}: ×{truth['ratio']:.4f}" + ("" if cross is None else
@@ -184,7 +215,7 @@ def _more_truths(work: Path, state: dict, i: int, log) -> None:
         if len(e["truths"]) > i // TRUTH_EVERY:
             continue
         cfg = base_config("nano", e["steps"], changes=e["baseline_changes"])
-        got = _interleaved(cfg, with_changes(cfg, e["changes"]), work / "truth" / f"{_slug(name)}_{i}", TRUTH_STEPS)
+        got = _truth(name, cfg, with_changes(cfg, e["changes"]), work / "truth" / f"{_slug(name)}_{i}")
         e["truths"].append({**got, "before_trial": i})
         log(f"  truth {name} before trial {i + 1}: ×{got['ratio']:.4f} (now ×{truth_of(e):.4f} over "
             f"{len(e['truths'])})")
@@ -219,13 +250,13 @@ def _speed_file(wb: Workbook, r) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
 
 
-def item_validity(trials: int = 20, work: Path = WORK, log=print) -> dict:
-    """The validity bench (module docstring); returns what goes to the record."""
+def item_validity(trials: int = 20, work: Path = WORK, log=print, effects: dict = EFFECTS) -> dict:
+    """The validity bench (module docstring) on `effects`; returns what goes to the record."""
     t_start = time.perf_counter()
     work = Path(work)
-    state = _setup(work, log)
+    state = _setup(work, log, effects)
     books = {}
-    for name in EFFECTS:
+    for name in effects:
         e = state[name]
         folder = work / "books" / _slug(name)
         books[name] = Workbook.create(folder, base_config("nano", e["steps"], changes=e["baseline_changes"]))
@@ -235,9 +266,9 @@ def item_validity(trials: int = 20, work: Path = WORK, log=print) -> dict:
         if done_file.is_file() else []
     have = {(t["effect"], t["trial"]) for t in done}
     for i in range(trials):
-        if i and i % TRUTH_EVERY == 0 and any((name, i) not in have for name in EFFECTS):
+        if i and i % TRUTH_EVERY == 0 and any((name, i) not in have for name in effects):
             _more_truths(work, state, i, log)
-        for name in EFFECTS:
+        for name in effects:
             if (name, i) in have:
                 continue
             t = _trial(books[name], name, state[name], i)
@@ -249,15 +280,15 @@ def item_validity(trials: int = 20, work: Path = WORK, log=print) -> dict:
                 f"(±{100 * (t['half_width'] or 0):.1f}%, {t['pairs']} pairs, {t['wall_s']:.0f} s, load "
                 f"{t['load_1min']['max']:.1f})")
     trials_done = [t for t in done if t["trial"] < trials]
-    return {"trials": trials, "effects": {n: state[n] for n in EFFECTS}, "sized": state["_sized"],
-            "rates": _rates(trials_done, state),
+    return {"trials": trials, "effects": {n: state[n] for n in effects}, "sized": state["_sized"],
+            "rates": _rates(trials_done, state, effects),
             "trials_detail": trials_done, "load_limit": (os.cpu_count() or 1) + QUIET_MARGIN,
             "wall_s": time.perf_counter() - t_start}
 
 
-def _rates(done: list[dict], state: dict) -> dict:
+def _rates(done: list[dict], state: dict, effects: dict = EFFECTS) -> dict:
     out = {}
-    for name in EFFECTS:
+    for name in effects:
         rows = [t for t in done if t["effect"] == name]
         if not rows:
             continue
@@ -409,7 +440,21 @@ def rows(r: dict) -> list[tuple[str, str]]:
     return out
 
 
-ITEMS = [Item("validity", "speed verdicts on effects whose true ratio long separate runs measured",
+STALL_CHECKS = (
+    _count_check("coverage", tuple(STALL_EFFECTS), "covered", COVERAGE,
+                 "large effects with stalls: the interval holds the long-run true ratio"),
+    _count_check("kept", tuple(STALL_EFFECTS), "as_expected", CALLS, "large effects with stalls: \"keep\""),
+)
+
+ITEMS = [Item("validity_stalls", "speed verdicts on large effects with stalls, against long runs of their own",
+              lambda a: item_validity(a.trials, a.stalls_dir, effects=STALL_EFFECTS), rows, STALL_CHECKS,
+              options=((("--trials",), {"type": int, "default": 20,
+                                        "help": "trials (aa: A/A checks; power: per kind and condition)"}),
+                       (("--stalls-dir",), {"type": Path, "default": STALLS_WORK,
+                                            "help": "validity_stalls: where its workbooks, truths and trials live "
+                                                    "(resumable)"})),
+              check_args=lambda a: positive(a, "trials"), in_all=False),
+         Item("validity", "speed verdicts on effects whose true ratio long separate runs measured",
               lambda a: item_validity(a.trials, a.validity_dir), rows, CHECKS,
               options=((("--trials",), {"type": int, "default": 20,
                                         "help": "trials (aa: A/A checks; power: per kind and condition)"}),

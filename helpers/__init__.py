@@ -34,7 +34,7 @@ _HOMES = {
     "helpers.tune.fusion": ("best_profile", "fusion_base", "op_table_shift", "profile_arms", "round_op_shift",
                             "runnable_rounds", "shift_summary"),
     "helpers.tune.study": ("accumulation_changes", "accumulation_sweep", "base_config", "compile_cache_runs",
-                           "run_rounds", "run_variants", "study_dir", "sweep", "try_config"),
+                           "run_rounds", "run_variants", "study_dir", "sweep", "try_config", "workbook_config"),
     "helpers.book.report": ("alarms_table", "amp_audit_table", "amp_audit_text", "before_after_table",
                             "break_even_table", "convergence_table", "environment_table", "eval_table",
                             "groups_table", "ledger_table", "overfit_check", "results_groups", "rollback_table",

@@ -438,18 +438,48 @@ def run_workbook(params_file: str | os.PathLike | None = None, out: str | os.Pat
             page = to_html(dst, html_options)
             results.append(NotebookResult(nb.stem, status, seconds, error, dst, page))
             log(f"{nb.stem:<22} {status:<6} {seconds:6.1f} s{f'  {error}' if error else ''}")
+        final_cumulative(out / "workbook", log)
         index = out / "index.html"
-        index.write_text(index_page(results, out / "workbook"), encoding="utf-8")
+        index.write_text(index_page(results, out / "workbook", config_line(given.get(CONFIG_PARAM), Path(notebooks_dir))),
+                         encoding="utf-8")
         point_latest(out)
         log(f"report: {index}")
         return results
 
 
+def final_cumulative(workbook_dir: Path, log: Callable[[str], None]) -> None:
+    """The baseline against the best, side by side (`Workbook.cumulative`), for the index's before/after: measured
+    here only when a notebook after 08 moved the best (12's kernels round); a workbook that is missing or cannot
+    be measured gets a log line, and the index is written all the same."""
+    from helpers.tune.folders import MARKER
+    from helpers.tune.rounds import Workbook
+    if not (workbook_dir / MARKER).is_file():
+        return
+    try:
+        result = Workbook.open(workbook_dir).cumulative(progress=False)
+    except Exception as exc:  # a failed measurement must not cost the report its index
+        log(f"cumulative: not measured: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        return
+    log(result.text() if result is not None else "cumulative: no round kept, the best is the baseline")
+
+
+def config_line(config: str | None, notebooks_dir: Path) -> str:
+    """What the workbook started from, for the index: the config file's path (relative: to `notebooks_dir`, as the
+    notebooks read it) and the first 12 hex digits of its SHA-256, or the notebooks' own defaults."""
+    if not config:
+        return "config: none given (the notebooks' defaults; 01's start_from)"
+    import hashlib
+    path = Path(config) if Path(config).is_absolute() else notebooks_dir / config
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    return f"config: {path.resolve()} (sha256 {digest})"
+
+
 # ---------------------------------------------------------------------------------------------- index
 
-def index_page(results: list[NotebookResult], workbook_dir: Path) -> str:
-    """index.html: one row per notebook (status, time, links) and the final before/after and rounds tables; every
-    link and path relative to the report folder (workbook_dir's parent), so the folder can be zipped and shared."""
+def index_page(results: list[NotebookResult], workbook_dir: Path, config: str = "") -> str:
+    """index.html: the config line (`config_line`), one row per notebook (status, time, links) and the final
+    before/after and rounds tables; every link and path relative to the report folder (workbook_dir's parent), so
+    the folder can be zipped and shared."""
     from helpers.book.report import comparison_html, relative_text
     base = Path(workbook_dir).parent
     rows = []
@@ -468,6 +498,7 @@ tr.ok td:nth-child(2){{color:#17702d}} table.rounds{{table-layout:fixed;width:10
 table.rounds td{{overflow-wrap:anywhere}} details summary{{cursor:pointer;color:#1f5fa8}}
 tr.keep td:nth-child(4) b{{color:#17702d}} tr.reject td:nth-child(4) b{{color:#a01818}}</style></head><body>
 <h1>Tuning workbook report</h1>
+<p>{html.escape(config)}</p>
 <p>{len(results) - len(failed)} of {len(results)} notebooks ran; {len(failed)} failed; {total:.0f} s in all.</p>
 <table><tr><th>notebook</th><th>status</th><th>time</th><th>report</th><th>error</th></tr>
 {''.join(rows)}</table>

@@ -257,14 +257,19 @@ def _sig(value, digits: int = 4):
 
 
 def before_after_table(rows: list[dict]) -> pd.DataFrame:
-    """Workbook.before_after() rows as a table indexed by metric; bytes shown in MiB and fractions in %."""
+    """Workbook.before_after() rows as a table indexed by metric; bytes shown in MiB and fractions in %; an
+    interval column once the side-by-side row is there (the medians of runs taken apart have none)."""
     shown = []
     for row in rows:
         unit, scale = _DISPLAY_UNITS.get(row.get("unit"), (row.get("unit"), 1.0))
         shown.append({"metric": row["metric"], "unit": unit,
                       **{k: _sig(row[k] * scale) if row.get(k) is not None else None for k in ("baseline", "best")},
-                      "best ÷ baseline": _sig(row["ratio"], 3) if row.get("ratio") is not None else None})
+                      "best ÷ baseline": _sig(row["ratio"], 3) if row.get("ratio") is not None else None,
+                      **({"interval": f"{row['level']:.1%}: ×{row['interval'][0]:.3f}–×{row['interval'][1]:.3f}, "
+                                      f"{row['pairs']} pairs"} if row.get("interval") else {})})
     frame = pd.DataFrame(shown, dtype=object)  # object: whole numbers stay whole, no 809856.000
+    if "interval" in frame:
+        frame["interval"] = frame["interval"].fillna("")
     return frame.set_index("metric") if not frame.empty else frame
 
 

@@ -1,14 +1,19 @@
-"""The workbook's final table: the pinned baseline against the current best, medians over each side's runs."""
+"""The workbook's final table: the pinned baseline against the current best, medians over each side's runs, and the
+two measured side by side (`cumulative.py`), the one row with an interval."""
 from __future__ import annotations
 
 from helpers.config import Config
 from helpers.record import RunRecord, median_summary, memory_label
 
 
+SIDE_BY_SIDE = "throughput, side by side"  # the cumulative measurement's row
+
+
 def before_after_rows(base_cfg: Config, base_runs: list[RunRecord], best_cfg: Config,
-                      best_runs: list[RunRecord]) -> list[dict]:
+                      best_runs: list[RunRecord], cumulative=None) -> list[dict]:
     """Rows of metric, unit, baseline, best, ratio (best ÷ baseline; None where a side has no value); the comm
-    share appears only if a run reports it."""
+    share appears only if a run reports it. cumulative: the best's `cumulative.Cumulative`, if measured: a last
+    row with its ratio, interval [low, high] and level (its baseline and best columns empty: the arms took turns)."""
     def pair(fn) -> tuple:
         return fn(base_cfg, base_runs), fn(best_cfg, best_runs)
 
@@ -28,6 +33,11 @@ def before_after_rows(base_cfg: Config, base_runs: list[RunRecord], best_cfg: Co
         (f"loss after {base_cfg.steps} steps", "nats/token", pair(lambda c, r: median_summary(r, "loss_last"))),
         ("val loss", "nats/token", pair(lambda c, r: median_summary(r, "val_loss"))),
     ]
-    return [{"metric": metric, "unit": unit, "baseline": a, "best": b,
-             "ratio": (b / a if a not in (None, 0) and b is not None else None)}
-            for metric, unit, (a, b) in rows if not (metric.startswith("comm share") and a is None and b is None)]
+    out = [{"metric": metric, "unit": unit, "baseline": a, "best": b,
+            "ratio": (b / a if a not in (None, 0) and b is not None else None)}
+           for metric, unit, (a, b) in rows if not (metric.startswith("comm share") and a is None and b is None)]
+    v = cumulative.verdict if cumulative is not None else None
+    if v is not None and v.interval:
+        out.append({"metric": SIDE_BY_SIDE, "unit": "tokens/s", "baseline": None, "best": None, "ratio": v.speedup,
+                    "interval": list(v.interval), "level": v.level, "pairs": v.pairs})
+    return out

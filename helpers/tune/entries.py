@@ -1,4 +1,4 @@
-"""The ledger's entries, one builder per event (baseline, round, note, aa_check, decide, rollback): the fields each
+"""The ledger's entries, one builder per event (baseline, round, note, aa_check, cumulative, decide, rollback): the fields each
 event writes, every one signed by `ledger.stamped` (who, when). The best_round each entry moves the best to is
 added when it is appended (`Workbook._append`); state.py reads them back."""
 from __future__ import annotations
@@ -52,6 +52,15 @@ def aa_entry(number: int, best_round: int, runs: tuple[list[str], list[str]], ve
     return stamped({"event": "aa_check", "round": best_round, "name": f"aa_{number:02d}", "changes": {},
                     "reference_runs": runs[0], "candidate_runs": runs[1], "verdict": verdict.to_dict(),
                     "decision": verdict.decision}, who)
+
+
+def cumulative_entry(number: int, best_round: int, changes: dict[str, tuple], runs: tuple[list[str], list[str]],
+                     verdict: Verdict, who: str | None) -> dict:
+    """Cumulative measurement `number`: the baseline (reference runs) against round `best_round`'s config
+    (candidate runs), the keys that differ ({key: (baseline, best)}) and the speed verdict."""
+    return stamped({"event": "cumulative", "round": best_round, "name": f"cumulative_{number:02d}",
+                    "changes": {k: list(v) for k, v in changes.items()}, "reference_runs": runs[0],
+                    "candidate_runs": runs[1], "verdict": verdict.to_dict(), "decision": verdict.decision}, who)
 
 
 def decide_entry(state: State, index: int, decision: str, who: str, why: str) -> tuple[dict, int]:

@@ -6,6 +6,7 @@ A workbook folder:
     rounds/NN_name/          a round: candidate/ and reference/ (two arm processes, or one msrun launch; paired.json) or
                              candidate_K/ and reference_K/ runs (separate processes), speed.json, rollback/ point
     aa/NN/                   A/A checks: the current best as candidate_K/ and reference_K/
+    cumulative/NN/           the baseline config (reference/) against the best (candidate/), side by side
     ledger.jsonl             the journal, one fsync'd JSON line per event, never rewritten: the source of truth
     best.yaml                the current best config (a mirror of the ledger, rewritten atomically)
     .lock                    flock'd while an operation writes (see `ledger.WorkbookLock`)
@@ -22,7 +23,7 @@ Replaying the ledger gives the state, so a workbook can be reopened, or read by 
     entries.py        what each event writes to it (baseline, round, note, aa_check, decide, rollback)
     ledger.py         the journal, the lock, and `stamped` (who and when on every entry)
     folders.py        the folder's lifecycle (marker, settings, fresh folders, rollback points, adopted runs)
-    before_after.py   the final table
+    before_after.py   the final table; cumulative.py the baseline against the best, side by side
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from helpers import config as config_mod
 from helpers.config import Config
 from helpers.paths import absolute
 from helpers.record import RunRecord, atomic_write_json
+from helpers.tune import cumulative as cumulative_mod
 from helpers.tune.before_after import before_after_rows
 from helpers.tune.entries import (aa_entry, baseline_entry, decide_entry, note_entry, rollback_entry,
                                   round_entry)
@@ -123,11 +125,29 @@ class Workbook:
 
     def before_after(self) -> list[dict]:
         """Baseline vs current best, medians over each side's runs: rows of metric, unit, baseline, best, ratio
-        (best ÷ baseline; None where a side has no value); comm share appears only if a run reports it."""
+        (best ÷ baseline; None where a side has no value); comm share appears only if a run reports it; last, the
+        two measured side by side with an interval, once `cumulative` measured the current best."""
         state = self._state()
         state.require_baseline()
         (base_cfg, base_runs), (best_cfg, best_runs) = state.source(0), state.best()
-        return before_after_rows(base_cfg, load_runs(base_runs), best_cfg, load_runs(best_runs))
+        return before_after_rows(base_cfg, load_runs(base_runs), best_cfg, load_runs(best_runs),
+                                 cumulative_mod.latest(state))
+
+    def cumulative(self, progress: bool = True, who: str | None = None) -> "cumulative_mod.Cumulative | None":
+        """The baseline config against the current best, measured side by side like a speed round (the interval of
+        best ÷ baseline tokens/s); measured once per best (a later call returns it; nothing trains), recorded in
+        the ledger (event cumulative; the best does not move). None while the best is the baseline."""
+        with self._lock.hold():
+            state = self._state()
+            state.require_baseline()
+            if state.best_round == 0:
+                return None
+            done = cumulative_mod.latest(state)
+            if done is not None:
+                return done
+            entry, result = cumulative_mod.measure(self, state, progress, who)
+            self._append(entry, state.best_round, state)
+            return result
 
     def _append(self, entry: dict, best_round: int, state: State) -> None:
         """Ledger first (the truth), then the best.yaml mirror if the best moved."""

@@ -66,6 +66,27 @@ def base_config(preset: str = "", steps: int = 0, corpus: str | list[str] = "",
     return from_dict(data, {**short, **(changes or {})})
 
 
+# Where the shared workbook starts without a config file: MindSpore as a newcomer meets it (PyNative, its default
+# mode, with the train step in ms.jit as its tutorials write it; its own operators; one data worker), so the rounds
+# show what each setting pays here; or eager PyNative (no ms.jit: ~14× slower a nano step here, 940 against 68 ms,
+# so every round before 04's takes minutes); or the workbook's own nano defaults (graph mode, native kernels on CPU).
+START_FROM = {"mindspore_defaults": {"mode": "pynative", "jit_level": "O0", "model.kernels": "mindspore",
+                                     "data.num_parallel_workers": 1},
+              "eager": {"mode": "pynative", "jit_level": "none", "model.kernels": "mindspore",
+                        "data.num_parallel_workers": 1},
+              "tuned": {}}
+
+
+def workbook_config(preset: str = "", steps: int = 0, corpus: str | list[str] = "",
+                    config: str | os.PathLike = "", start_from: str = "mindspore_defaults") -> Config:
+    """The shared workbook's baseline config (01 pins it, 15 reopens it): `base_config`, and without a config file
+    the START_FROM settings named by `start_from` on top (a config file is the user's own start: it is taken as
+    it is). ConfigError (one line) for an unknown start_from."""
+    if start_from not in START_FROM:
+        raise ConfigError(f"start_from={start_from!r} is not one of {', '.join(map(repr, START_FROM))}")
+    return base_config(preset, steps, corpus, changes=None if config else START_FROM[start_from], config=config)
+
+
 def round_applies(cfg: Config, name: str, changes: dict[str, Any], objective: str = "speed", seeds: int = 2,
                   lr_rule: str = DEFAULT_LR_RULE) -> str:
     """'' when the round of `changes` on `cfg` (a workbook's best) can run and judge here, else one line saying

@@ -197,6 +197,12 @@ def test_before_after_table_shows_mib_and_percent():
     assert table.loc["peak memory"].tolist() == ["MiB", 800, 600, 0.75]
     assert table.loc["MFU", "baseline"] == 12.34 and table.loc["MFU", "unit"] == "%"
     assert pd.isna(table.loc["comm share", "baseline"])
+    assert "interval" not in table  # only the side-by-side row has one
+    side = report.before_after_table(rows + [{"metric": "throughput, side by side", "unit": "tokens/s",
+                                              "baseline": None, "best": None, "ratio": 1.4, "interval": [1.2, 1.6],
+                                              "level": 0.998, "pairs": 6}])
+    assert side.loc["throughput, side by side", "interval"] == "99.8%: ×1.200–×1.600, 6 pairs"
+    assert side.loc["MFU", "interval"] == ""
     assert "809856" in report.before_after_table([{"metric": "model params", "unit": "parameters", "baseline": 809856,
                                                     "best": 809856, "ratio": 1.0}]).to_html()
     assert "809856.0" not in report.before_after_table([{"metric": "p", "unit": "parameters", "baseline": 809856,
