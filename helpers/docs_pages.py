@@ -18,7 +18,7 @@ from typing import Callable
 
 from helpers import config as config_module
 from helpers.cli import INTERNAL, parser
-from helpers.levers import GROUPS, LEVERS
+from helpers.levers import FAMILIES, GROUPS, LEVERS, SPEED_FAMILIES
 from helpers.mindformers.reference import mapping_markdown
 from helpers.run.hf_keys_reference import keys_markdown
 from helpers.tune.diagnose import troubleshooting_table
@@ -119,6 +119,12 @@ def levers_page() -> str:
             f"{yes[lever.recipe]} | {yes[lever.fixed]} |" for key, lever in LEVERS.items()]
     out += ["", "## Keys a round may change together", "", "| keys | why together |", "|---|---|"]
     out += [f"| {' + '.join(f'`{k}`' for k in sorted(group))} | {why} |" for group, why in GROUPS.items()]
+    out += ["", "## The auto-tuners' families", "",
+            "The keys each family's candidates may change (a candidate that changes another fails when it is made); "
+            "the speed tuner searches its families in this order after the diagnosis's own.", "",
+            "| family | tuner | keys |", "|---|---|---|"]
+    out += [f"| {family} | {'speed' if family in SPEED_FAMILIES else 'time to target'} | "
+            f"{', '.join(f'`{k}`' for k in keys)} |" for family, keys in FAMILIES.items()]
     return "\n".join(out) + "\n"
 
 

@@ -5,8 +5,9 @@ each rank of one msrun launch) and why, whether it is part of the compiled graph
 named after those keys), whether it changes what the model learns per token (a speed round on it warns and points
 to the convergence objective), whether a time-to-target round may change it with the rest of the recipe, and whether
 every round holds it equal in both arms; and which keys a round may change together (GROUPS).
-`tune/speed_path.py`, `run/startup.py`, `tune/convergence.py`, `tune/round_spec.py` and the generated page
-docs/reference/levers.md read these answers from here; `tests/test_levers.py` fails on a config key with no
+Each auto-tuner family declares the keys its candidates may change (FAMILIES).
+`tune/speed_path.py`, `run/startup.py`, `tune/convergence.py`, `tune/round_spec.py`, the auto-tuners and the generated
+page docs/reference/levers.md read these answers from here; `tests/test_levers.py` fails on a config key with no
 declaration, so a new key is declared once instead of taking a default in each of them.
 """
 from __future__ import annotations
@@ -99,6 +100,36 @@ LEVERS: dict[str, Lever] = {
 }
 
 
+def keys_where(**wanted) -> tuple[str, ...]:
+    """The declared keys whose Lever fields equal `wanted` (e.g. in_graph=False), in declaration order."""
+    return tuple(k for k, lever in LEVERS.items() if all(getattr(lever, f) == v for f, v in wanted.items()))
+
+
+# The auto-tuners' families and the keys a candidate of each may change: the speed tuner (tune/autotune.py) in its
+# search order, then the time-to-target tuner's (tune/ttq_levers.py, tune/ttq_search.py). A candidate that
+# changes a key its family does not declare fails when it is made (autotune.Candidate).
+SPEED_FAMILIES: dict[str, tuple[str, ...]] = {
+    "execution": ("mode", "jit_level", "model.attention"),
+    "batch": ("batch_size", "grad_accum_steps"),
+    "data": ("data.num_parallel_workers", "data.autotune", "dataset_sink", "data.order"),
+    "threads": ("threads",),
+    "amp": ("amp_level", "amp_dtype", "loss_scale"),
+    "recompute": ("recompute", "memory_optimize"),
+    "data_parallel": ("parallel.data_parallel", "parallel.comm_fusion"),
+}
+TIME_TO_TARGET_FAMILIES: dict[str, tuple[str, ...]] = {
+    "optimizer": ("optimizer",),
+    "architecture": ("model.positions", "model.mlp", "model.qk_norm", "model.zero_init_proj", "model.logit_softcap"),
+    "recipe": keys_where(recipe=True, fixed=False) + ("steps",),
+}
+FAMILIES = {**SPEED_FAMILIES, **TIME_TO_TARGET_FAMILIES}
+
+
+def families_of(key: str) -> tuple[str, ...]:
+    """The tuner families whose candidates may change `key` (() for none)."""
+    return tuple(f for f, keys in FAMILIES.items() if key in keys)
+
+
 # Keys a round may change together, each group with why one without the other changes the recipe.
 GROUPS: dict[frozenset[str], str] = {
     frozenset({"batch_size", "grad_accum_steps"}): "same tokens per optimizer step, a different memory/speed trade",
@@ -111,7 +142,3 @@ GROUPS: dict[frozenset[str], str] = {
                                               "another schedule",
 }
 
-
-def keys_where(**wanted) -> tuple[str, ...]:
-    """The declared keys whose Lever fields equal `wanted` (e.g. in_graph=False), in declaration order."""
-    return tuple(k for k, lever in LEVERS.items() if all(getattr(lever, f) == v for f, v in wanted.items()))

@@ -34,3 +34,26 @@ def test_what_each_answer_was_before_the_registry_still_holds():
     assert "model.dropout" in convergence.CONVERGENCE_VARIABLES and "batch_size" not in convergence.CONVERGENCE_VARIABLES
     assert set(convergence.RECIPE) == {"lr", "warmup", "warmup_ratio", "steps", "schedule", "cooldown_frac", "min_lr",
                                        "batch_size", "grad_accum_steps"}
+
+
+def test_each_tuner_family_declares_its_keys_and_every_candidate_keeps_to_them():
+    import pytest
+
+    from helpers.levers import FAMILIES, SPEED_FAMILIES, families_of
+    from helpers.tune import autotune, ttq_levers
+    from helpers.tune.autotune import Candidate, candidates
+    from helpers.tune.diagnose import Diagnosis
+    from helpers.tune.study import base_config
+    from helpers.tune.ttq_search import recipe_arms
+    assert {k for keys in FAMILIES.values() for k in keys} <= set(LEVERS)
+    assert autotune.FAMILIES == tuple(SPEED_FAMILIES)
+    with pytest.raises(ValueError, match="changes threads, which helpers/levers.py does not declare"):
+        Candidate("sneaky", "data", {"threads": 1}, "")
+    made = []
+    for changes in ({}, {"mode": "pynative", "batch_size": 16, "threads": 1}, {"grad_accum_steps": 2}):
+        cfg = base_config(changes=changes)
+        for verdict in ("data-bound", "compute-bound", "memory-bound", "communication-bound", "balanced"):
+            made += candidates(cfg, Diagnosis(verdict, [], {}, {}, [], []), cores=2)[0]
+        made += recipe_arms(cfg) + ttq_levers.lever_arms(cfg)
+    assert set(FAMILIES) - {c.family for c in made} <= {"data_parallel"}  # every family offers candidates here
+    assert all(c.family in families_of(k) for c in made for k in c.changes)

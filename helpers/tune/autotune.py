@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from helpers import config as config_mod
+from helpers.levers import SPEED_FAMILIES, families_of
 from helpers.config import Config, ConfigError
 from helpers.tune.diagnose import Diagnosis, diagnose
 from helpers.tune.ledger import RoundError
@@ -47,7 +48,7 @@ COMPILE_ALLOWANCE_S = 5.0  # a first graph compile of nano: 2.4–3 s quiet, mor
 TTQ_SEEDS = 2  # seeds per arm of a time-to-target round (a larger global batch)
 MAX_BATCH = 64  # batch doubling stops here: beyond it nano's step is compute-bound (facts: bs16→32 +6%)
 WHO = "autotune"
-FAMILIES = ("execution", "batch", "data", "threads", "amp", "recompute", "data_parallel")
+FAMILIES = tuple(SPEED_FAMILIES)  # the search order; each family's keys are declared in helpers/levers.py
 # Search order per verdict (families not named come after, in FAMILIES order).
 ORDER = {
     "data-bound": ("data", "execution", "batch"),
@@ -76,6 +77,12 @@ class Candidate:
     time_factor: float = 1.0  # candidate training time ÷ the best's, at worst
     extra_s: float = 0.0  # extra seconds per candidate run (e.g. msrun start-up)
     objective: str = "speed"  # a larger global batch is judged by time to target, its lr scaled (lr_rule.py)
+
+    def __post_init__(self):
+        undeclared = [k for k in self.changes if self.family not in families_of(k)]
+        if undeclared:
+            raise ValueError(f"candidate {self.name!r} of family {self.family!r} changes {', '.join(undeclared)}, "
+                             f"which helpers/levers.py does not declare for that family")
 
     def key(self) -> frozenset:
         return _key(self.changes)
