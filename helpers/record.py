@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -170,6 +171,21 @@ def write_failure(path: str | os.PathLike, exc: BaseException) -> RecordError:
     error = RecordError(f"cannot write {str(path)!r} ({why}); {fix} or choose another --out folder")
     error.strerror = why  # callers that word their own message (the corpus cache) reuse the reason
     return error
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether a write error is the disk (or its quota) filling: an OSError's errno, or the words of the libraries
+    whose errors name no errno (safetensors: "No space left on device (os error 28)"; MindSpore's MindRecord
+    writer: "No free disk to be used while writing mindrecord files")."""
+    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    words = str(exc).lower()
+    return any(w in words for w in ("no space left", "os error 28", "no free disk", "disk quota"))
+
+
+def free_bytes(folder: str | os.PathLike) -> int:
+    """Free space on the disk of `folder` (bytes)."""
+    return shutil.disk_usage(folder).free
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

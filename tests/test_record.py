@@ -106,3 +106,16 @@ def test_each_communication_share_has_its_own_name(tmp_path):
     assert d.bottleneck == "communication-bound"
     assert d.reasons == ["communication takes 50% of step time (≥ 20%)"]
     assert d.evidence["comm_step_share"] == 0.5 and "comm_share" not in d.evidence
+
+
+def test_one_rule_says_whether_a_write_error_is_a_full_disk():
+    """record.disk_full, which the token cache, MindRecord prepare and the weights export all ask."""
+    import errno
+
+    from helpers.record import disk_full
+    assert disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert disk_full(Exception("No space left on device (os error 28)"))  # safetensors names no errno
+    assert disk_full(RuntimeError("No free disk to be used while writing mindrecord files"))  # MindSpore's writer
+    assert not disk_full(OSError(errno.EACCES, "Permission denied"))
+    assert not disk_full(ValueError("bad header"))

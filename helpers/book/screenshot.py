@@ -39,9 +39,18 @@ def rounds_page(index_html: str) -> str:
 
 
 def height_px(page: str) -> int:
-    """A window tall enough for the page's rows (a guess from its row count; Chromium's --screenshot takes the
-    window, not the page)."""
-    return min(6000, 260 + 34 * page.count("<tr"))
+    """A window tall enough for the page (Chromium's --screenshot takes the window, not the page): a generous
+    guess from its row count; `crop` cuts the blank below."""
+    return min(16000, 400 + 140 * page.count("<tr"))
+
+
+def crop(png: Path, margin_px: int = 24) -> None:
+    """Cut the blank rows below the last drawn one, keeping `margin_px` of them."""
+    import matplotlib.image as mpimg
+    image = mpimg.imread(png)
+    drawn = (image[..., :3] < 0.99).any(axis=(1, 2)).nonzero()[0]
+    if len(drawn):
+        mpimg.imsave(png, image[:min(len(image), drawn[-1] + 1 + margin_px)])
 
 
 def screenshot(report: Path = REPORTS_DIR / "latest", out: Path = OUT, chromium: str | None = None) -> Path:
@@ -63,6 +72,7 @@ def screenshot(report: Path = REPORTS_DIR / "latest", out: Path = OUT, chromium:
     if proc.returncode or not out.is_file():
         raise ScreenshotError(f"chromium exited {proc.returncode} without {out}: "
                               f"{(proc.stderr.strip().splitlines() or [''])[-1]}")
+    crop(out)
     return out
 
 

@@ -385,10 +385,8 @@ def _export_failure(target: Path, exc: Exception, need: int) -> Exception:
     """A write of the export the disk refused as one RecordError line (`record.write_failure`) that says how much
     room the export needs there; any other error as it was. safetensors' own error names no errno, only the OS's
     words ("No space left on device (os error 28)")."""
-    from helpers.record import RecordError, write_failure
-    words = str(exc)
-    full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in words or \
-        "No space left" in words
+    from helpers.record import RecordError, disk_full, write_failure
+    full = disk_full(exc)
     if isinstance(exc, RecordError):  # config.json's atomic write: already one line naming its file
         error = exc
     elif isinstance(exc, OSError):

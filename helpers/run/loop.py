@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
@@ -58,6 +59,8 @@ class StepLoop:
         # while the step waits for a batch. Left open, it read data.prefetch batches ahead during the compile, and
         # the arm's first dozens of timed steps met none of the waits every later step of a data-bound run pays.
         self.compile_gate = None if cfg.dataset_sink else compile_gate
+        # The same gate after the compile: held through validation passes and checkpoints (DataGate.held).
+        self.turn_gate = self.compile_gate
         self.sinks, self.checkpoint = sinks, checkpoint
         self.ema = Ema(value=ema_from if ema_from is not None and math.isfinite(ema_from) else None)
         self.start = self.next = start
@@ -119,7 +122,8 @@ class StepLoop:
         bad = "loss" if not math.isfinite(loss) else (
             "gradient norm" if cfg.loss_scale == "none" and not math.isfinite(norm) else "")
         if not bad and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps):
-            self._validate(row)
+            with self._held():
+                self._validate(row)
         row["elapsed_s"] = time.perf_counter() - self.clock0
         good_enough = "" if bad else self._early_end(row)
         stop = self.built.hooks.after_row(row)  # monitors first: they write the row's alarms
@@ -133,8 +137,13 @@ class StepLoop:
             return Outcome("ok", good_enough, self.start)
         self.last_good = step
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step != cfg.steps:
-            self.checkpoint(step)
+            with self._held():
+                self.checkpoint(step)
         return None
+
+    def _held(self):
+        """A round's arm holds its pipeline through work no step waits on (`DataGate.held`); a run of its own not."""
+        return self.turn_gate.held() if self.turn_gate is not None else nullcontext()
 
     def _validate(self, row: dict) -> None:
         """A validation pass into `row` (val_loss in nats/token, val_ppl)."""

@@ -9,7 +9,6 @@ or fills the disk leaves nothing a run would read, and the next `prepare` into t
 """
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from helpers.config import Config
+from helpers.record import disk_full, free_bytes
 from helpers.run.data import DataError, prepare, window_count
 from helpers.run.mindrecord import PARTIAL, TRAIN_FILE, VAL_FILE, MindRecordError, RowWriter
 
@@ -52,11 +52,6 @@ def set_bytes(rows: int, row_tokens: int, vocab: int) -> int:
     or 4 bytes as the vocabulary needs, plus ROW_OVERHEAD_BYTES a row."""
     id_bytes = 1 if vocab <= 1 << 7 else 2 if vocab <= 1 << 15 else 4
     return rows * (row_tokens * id_bytes + ROW_OVERHEAD_BYTES)
-
-
-def free_bytes(folder: Path) -> int:
-    """Free bytes on the disk of `folder` (bytes)."""
-    return shutil.disk_usage(folder).free
 
 
 def write_corpus(cfg: Config, out: str | Path) -> Written:
@@ -115,10 +110,7 @@ def _disk_full(exc: BaseException, folder: Path) -> bool:
     """Whether a write error is the disk filling: an OSError's errno, MindSpore's own words (its RuntimeError names
     no errno: "No free disk to be used while writing mindrecord files"), or the disk near MindSpore's floor now (read
     from the disk itself, not `free_bytes`, which the check before writing used)."""
-    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    words = str(exc).lower()
-    if "no space left" in words or "no free disk" in words or "disk quota" in words:
+    if disk_full(exc):
         return True
     try:
         return shutil.disk_usage(folder).free < 2 * WRITER_FLOOR_BYTES

@@ -10,13 +10,11 @@ removes; an entry whose sizes disagree is rebuilt.
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
 import multiprocessing
 import os
-import shutil
 import sys
 import time
 from collections import deque
@@ -27,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from helpers.paths import CACHE_ENV
-from helpers.record import RecordError, atomic_write_json
+from helpers.record import RecordError, atomic_write_json, disk_full, free_bytes
 from helpers.run.corpus import CorpusBytes, DataError, default_cache_dir, fingerprint
 from helpers.run.tokenizer import BpeTokenizer, ByteTokenizer, CharTokenizer, Tokenizer, hf_file, load_hf
 
@@ -205,7 +203,7 @@ def _build(folder: Path, key: str, files: list[Path], sources: list[dict], spec:
         os.replace(part, folder / f"{key}.bin")
     except OSError as exc:
         part.unlink(missing_ok=True)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if disk_full(exc):
             raise DataError(_no_room(folder, need, free_bytes(folder))) from None
         raise DataError(f"cannot write the token cache {str(folder)!r} ({exc.strerror}); set {CACHE_ENV} to a "
                         f"writable folder") from None
@@ -223,11 +221,6 @@ def _build(folder: Path, key: str, files: list[Path], sources: list[dict], spec:
         raise DataError(f"{exc}; or set {CACHE_ENV} to a folder with room") from None
     return TokenFile(folder / f"{key}.bin", dtype, tokens, tokenizer, len(corpus), np.asarray(chunk_bytes, np.int64),
                      np.asarray(chunk_tokens, np.int64), note)
-
-
-def free_bytes(folder: Path) -> int:
-    """Free space where `folder` is (bytes)."""
-    return shutil.disk_usage(folder).free
 
 
 def _no_room(folder: Path, need: int, free: int) -> str:

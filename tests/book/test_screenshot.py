@@ -19,7 +19,7 @@ def test_the_picture_holds_the_config_line_and_the_tables_from_before_after_on()
     page = screenshot.rounds_page(INDEX)
     assert "<style>td{padding:1px}</style>" in page and "config: none given" in page
     assert "<h2>Before / after</h2>" in page and "kernels_native" in page and "00_environment" not in page
-    assert screenshot.height_px(page) == 260 + 34 * 2
+    assert screenshot.height_px(page) == 400 + 140 * 2
     with pytest.raises(screenshot.ScreenshotError, match="no before/after section"):
         screenshot.rounds_page("<html><style></style><body>no tables</body></html>")
 
@@ -37,3 +37,5 @@ def test_chromium_renders_the_picture(tmp_path):
     out = screenshot.screenshot(tmp_path, tmp_path / "rounds.png")
     data = Path(out).read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(data[16:20], "big") == screenshot.WIDTH_PX
+    # cut below the last table: far shorter than the window it was taken in
+    assert 100 < int.from_bytes(data[20:24], "big") < screenshot.height_px(screenshot.rounds_page(INDEX))

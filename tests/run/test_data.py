@@ -335,3 +335,16 @@ def test_val_batches_cycle_small_val_set(corpus_file):
     cfg = _cfg(corpus_file, eval_batches=200)  # 800 windows wanted, ≈ 125 available
     batches = val_batches(cfg, prepare(cfg, None))
     assert len(batches) == 200 and all(x.shape == (4, 16) for x, _ in batches)
+
+
+def test_a_gate_held_for_a_block_is_closed_in_it_and_then_as_it_was():
+    gate = data.DataGate(is_open=True)
+    with gate.held():
+        assert not gate.is_open
+    assert gate.is_open
+    gate.close()
+    with gate.held():
+        assert not gate.is_open
+    assert not gate.is_open
+    with data.OPEN_GATE.held():  # a run of its own: never closed
+        assert data.OPEN_GATE.is_open

@@ -86,3 +86,23 @@ def test_a_round_arms_compile_step_lets_its_pipeline_read_only_the_batch_it_asks
     assert len(reads) > 4 * cfg.batch_size  # after it, the pipeline reads ahead while the arm steps
     trainer.finish()
     gate.open()  # the pipeline's threads end with this process, not blocked on a closed gate
+
+
+@pytest.mark.slow
+def test_a_round_arm_holds_its_pipeline_through_validation_passes_and_checkpoints(tmp_path, small_corpus):
+    """Work no step waits on must not let an arm's pipeline read ahead: the workbook's short runs validate every
+    few steps, and the batches read meanwhile hid the stalls of the steps measured after them."""
+    gate = DataGate()
+    trainer = Trainer(_tiny(small_corpus, eval_every=1, checkpoint_every=2), tmp_path / "arm", turns=Turns(gate, 0))
+    trainer.start()
+    seen = []
+    built, save = trainer._built, trainer._loop.checkpoint
+    evaluate = built.evaluate
+    built.evaluate = lambda: seen.append(("validate", gate.is_open)) or evaluate()
+    trainer._loop.checkpoint = lambda step: seen.append(("checkpoint", gate.is_open)) or save(step)
+    assert len(trainer.step_block(4)) == 4
+    assert seen == [("validate", False)] * 2 + [("checkpoint", False), ("validate", False), ("validate", False),
+                                                ("checkpoint", False)], seen
+    alone = Trainer(_tiny(small_corpus, eval_every=1), tmp_path / "alone")  # a run of its own: nothing held
+    alone.start()
+    assert len(alone.step_block(2)) == 2 and alone._loop.turn_gate is None
