@@ -102,12 +102,20 @@ def test_every_command_block_not_marked_as_an_example_runs_as_written(tmp_path):
     assert len(ran) >= 4, ran
 
 
-def test_the_readme_is_short_and_quotes_its_verdict_and_wall_time_from_the_committed_record():
+def test_the_readme_is_short_and_quotes_its_rounds_cumulative_and_wall_time_from_the_committed_record():
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 150
     record = json.loads((REPO / "bench" / "records" / "workbook.json").read_text(encoding="utf-8"))
-    verdict = " ".join(re.search(r"```text\n(.*?)```", text, re.S).group(1).split())
-    assert verdict == " ".join(record["result"]["rounds"]["data"]["reason"].split())
+    quoted = " ".join(re.search(r"```text\n(.*?)```", text, re.S).group(1).split())
+    c = record["result"]["rounds"]["cumulative"]
+    assert quoted == (f"cumulative: baseline → best of round {c['best_round']} ({', '.join(c['changes'])}): tokens/s "
+                      f"×{c['speedup']:.3f}, {c['level']:.1%} interval ×{c['interval'][0]:.3f}–×{c['interval'][1]:.3f} "
+                      f"({c['pairs']} pairs, {c['path']}, side by side)")
+    for r in record["result"]["rounds"]["ledger"]:  # the rounds table: each round's ratio and interval as recorded
+        row = next(line for line in text.splitlines() if line.startswith(f"| {r['index']} {r['name']} |"))
+        assert r["decision"] in row.lower(), row
+        if r["interval"]:
+            assert f"×{r['speedup']:.3f}" in row and f"×{r['interval'][0]:.3f}–×{r['interval'][1]:.3f}" in row, row
     assert f"`make workbook` took {record['result']['wall_s']:.0f} s" in text
 
 
