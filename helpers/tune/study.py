@@ -90,7 +90,8 @@ def workbook_config(preset: str = "", steps: int = 0, corpus: str | list[str] = 
 def round_applies(cfg: Config, name: str, changes: dict[str, Any], objective: str = "speed", seeds: int = 2,
                   lr_rule: str = DEFAULT_LR_RULE) -> str:
     """'' when the round of `changes` on `cfg` (a workbook's best) can run and judge here, else one line saying
-    why it does not apply to this config: a change the config has already (or refuses), a warm-up the config's
+    why it does not apply to this config: a change the config has already (or refuses; `model.kernels=auto`
+    already running the kernels asked for), a warm-up the config's
     warmup_ratio overrides, a convergence or time-to-target round on a config with no validation
     (eval_every=0), or a candidate that cannot fit in memory (`footprint.check_fits`)."""
     from helpers.run.footprint import check_fits
@@ -103,6 +104,12 @@ def round_applies(cfg: Config, name: str, changes: dict[str, Any], objective: st
         return (f"round {name} does not apply to this config: a {objective} round reads validation loss, and "
                 f"the config has eval_every=0 (no validation); give steps= or set eval_every")
     try:
+        if set(changes) == {"model.kernels"}:  # `auto` resolves to a formulation: the same one is no round
+            from helpers.run.kernels import resolve_kernels
+            now = resolve_kernels(cfg)
+            if resolve_kernels(with_changes(cfg, changes)) == now and cfg.model.kernels != changes["model.kernels"]:
+                return (f"round {name} does not apply to this config: model.kernels={cfg.model.kernels!r} runs the "
+                        f"{now} kernels here already")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             spec = plan_round(cfg, name, changes, objective, seeds, None, None, lr_rule)

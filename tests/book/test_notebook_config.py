@@ -88,6 +88,15 @@ def test_a_round_that_does_not_apply_says_why_in_one_line(tmp_path):
                                                           "time_to_target")
     assert "batch_size=2097152 cannot fit in memory" in round_applies(cfg, "batch_size", {"batch_size": 1 << 21},
                                                                       "time_to_target")
+    # model.kernels=auto resolves to a formulation; asking for the one it runs is no round (native needs its library)
+    from helpers.run.kernels import library_problem
+    if not library_problem():
+        assert round_applies(cfg, "kernels_native", {"model.kernels": "native"}) == (
+            "round kernels_native does not apply to this config: model.kernels='auto' runs the native kernels here "
+            "already")
+        assert round_applies(with_changes(cfg, {"model.kernels": "mindspore"}), "kernels_native",
+                             {"model.kernels": "native"}) == ""
+    assert round_applies(cfg, "kernels_mindspore", {"model.kernels": "mindspore"}) == ""
     assert export_applies(base_config()) == ""
     assert export_applies(cfg).startswith("the from-weights study does not apply to this config: this run's model "
                                           "has no Hugging Face layout")  # q,k,v fused, not LLaMA's separate
@@ -130,6 +139,8 @@ NOT_APPLYING = {
     "04_graph_mode": "round graph_mode does not apply to this config: mode='graph' equals",
     "03_mixed_precision": "round amp does not apply to this config: amp_dtype=bf16 does not run on CPU",
     "07_recompute": "round recompute does not apply to this config: recompute='blocks' equals",
+    "12_operator_fusion": "round kernels_native does not apply to this config: model.kernels='auto' runs the native "
+                          "kernels here already",
     "13_convergence": "round warmup_40 does not apply to this config: it sets warmup_ratio=0.01",
     "14_time_to_quality": "round positions_rope does not apply to this config: model.positions='rope' equals",
     "15_bring_your_own": "the from-weights study does not apply to this config: this run's model has no Hugging "
