@@ -7,13 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from helpers import config as config_mod
-from helpers.record import atomic_write_json
 from helpers.tune.entries import cumulative_entry
 from helpers.tune.folders import fresh, relative
-from helpers.tune.measure import SPEED_FILE, measure_speed
 from helpers.tune.rules import Verdict
 from helpers.tune.state import State, load_runs
-from helpers.tune.verdicts import verdict
+from helpers.tune.verdicts import judged_speed
 
 CUMULATIVE_DIR = "cumulative"  # cumulative/NN/: the baseline and the best as reference/ and candidate/
 
@@ -58,11 +56,9 @@ def measure(wb, state: State, progress: bool, who: str | None) -> tuple[dict, Cu
     changes = config_mod.diff(base_cfg, best_cfg)
     number = sum(e["event"] == "cumulative" for e in state.entries) + 1
     folder = fresh(wb.path, wb.path / CUMULATIVE_DIR / f"{number:02d}")
-    records, references, error, speed = measure_speed(best_cfg, base_cfg, {k: v[1] for k, v in changes.items()},
-                                                      folder, f"cumulative {number}", progress)
-    v = verdict(records, references, error, load_runs(state.baseline_paths()), wb.loss_gate, wb.memory_limit_bytes,
-                speed=speed)
-    atomic_write_json(folder / SPEED_FILE, {**speed, "verdict": v.to_dict()})
+    records, references, v = judged_speed(best_cfg, base_cfg, {k: v[1] for k, v in changes.items()}, folder,
+                                          f"cumulative {number}", progress, load_runs(state.baseline_paths()),
+                                          wb.loss_gate, wb.memory_limit_bytes)
     runs = ([relative(r.path, wb.path) for r in references], [relative(r.path, wb.path) for r in records])
     entry = cumulative_entry(number, state.best_round, changes, runs, v, who)
     return entry, Cumulative.from_entry(entry)

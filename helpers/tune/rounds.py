@@ -47,7 +47,7 @@ from helpers.tune.measure import SPEED_FILE, measure_runs, measure_speed, train_
 from helpers.tune.round_spec import FIXED, GROUPS, candidate, check_request, plan_round
 from helpers.tune.rules import Verdict
 from helpers.tune.state import RoundResult, State, load_runs
-from helpers.tune.verdicts import judge_round, verdict
+from helpers.tune.verdicts import judge_round, judged_speed
 
 __all__ = ["FIXED", "GROUPS", "MARKER", "RoundError", "RoundResult", "Verdict", "Workbook", "load_runs"]
 
@@ -242,10 +242,8 @@ class Workbook:
             state.require_baseline()
             cfg, baseline, number = state.best()[0], load_runs(state.baseline_paths()), state.aa_checks() + 1
             folder = fresh(self.path, self.path / "aa" / f"{number:02d}")
-            records, references, error, speed = measure_speed(cfg, cfg, {}, folder, f"A/A {number}", progress,
-                                                              path=path)
-            v = verdict(records, references, error, baseline, self.loss_gate, self.memory_limit_bytes, speed=speed)
-            atomic_write_json(folder / SPEED_FILE, {**speed, "verdict": v.to_dict()})
+            records, references, v = judged_speed(cfg, cfg, {}, folder, f"A/A {number}", progress, baseline,
+                                                  self.loss_gate, self.memory_limit_bytes, path=path)
             self._append(aa_entry(number, state.best_round, (self._rels(references), self._rels(records)), v, who),
                          state.best_round, state)
             return v

@@ -4,10 +4,13 @@ cannot be compared, a speed measurement that ended before its first look)."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from helpers.paired import Measurement, SpeedPlan, conclude
-from helpers.record import RunRecord
+from helpers.config import Config
+from helpers.record import RunRecord, atomic_write_json
 from helpers.tune.convergence import TIME_TO_TARGET, reference_level
+from helpers.tune.measure import SPEED_FILE, measure_speed
 from helpers.tune.round_spec import RoundSpec
 from helpers.tune.rules import (Verdict, failed, judge, judge_convergence, judge_time_to_target, loss_gate_for,
                                 unfinished)
@@ -42,6 +45,18 @@ def verdict(candidates: list[RunRecord], references: list[RunRecord], error: str
     speed["decision"], speed["budget_spent"] = outcome.decision, outcome.budget_spent
     speed["parts"] = outcome.parts.to_dict()
     return judge(references, candidates, baseline, outcome, plan, speed["path"], loss_gate, memory_limit_bytes)
+
+
+def judged_speed(cand_cfg: Config, ref_cfg: Config, changes: dict, folder: Path, label: str, progress: bool,
+                 baseline: list[RunRecord], loss_gate: float, memory_limit_bytes: int,
+                 path: str | None = None) -> tuple[list[RunRecord], list[RunRecord], Verdict]:
+    """Two configs measured for speed (`measure.measure_speed`) and judged by `verdict`, the verdict written into
+    the folder's speed.json: an A/A check's and a cumulative measurement's one step. (candidates, references,
+    verdict)."""
+    records, references, error, speed = measure_speed(cand_cfg, ref_cfg, changes, folder, label, progress, path=path)
+    v = verdict(records, references, error, baseline, loss_gate, memory_limit_bytes, speed=speed)
+    atomic_write_json(folder / SPEED_FILE, {**speed, "verdict": v.to_dict()})
+    return records, references, v
 
 
 def judge_round(spec: RoundSpec, candidates: list[RunRecord], references: list[RunRecord], error: str,
