@@ -5,7 +5,11 @@ each rank of one msrun launch) and why, whether it is part of the compiled graph
 named after those keys), whether it changes what the model learns per token (a speed round on it warns and points
 to the convergence objective), whether a time-to-target round may change it with the rest of the recipe, and whether
 every round holds it equal in both arms; and which keys a round may change together (GROUPS).
-Each auto-tuner family declares the keys its candidates may change (FAMILIES).
+Each auto-tuner family declares the keys its candidates may change (FAMILIES). A lever's troubleshooting rows are
+declared where the rows are, as each row's `levers` in tune/troubleshooting.yaml (a test holds them to this registry
+and to the row's fix text; `tune.diagnose.troubleshooting_by_lever` gives them per key), and its MindFormers keys
+where the import's tables are (helpers/mindformers/; `mindformers.reference.keys_by_lever`). docs/reference/levers.md
+shows all of it per key.
 `tune/speed_path.py`, `run/startup.py`, `tune/convergence.py`, `tune/round_spec.py`, the auto-tuners and the generated
 page docs/reference/levers.md read these answers from here; `tests/test_levers.py` fails on a config key with no
 declaration, so a new key is declared once instead of taking a default in each of them.

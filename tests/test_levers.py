@@ -57,3 +57,12 @@ def test_each_tuner_family_declares_its_keys_and_every_candidate_keeps_to_them()
         made += recipe_arms(cfg) + ttq_levers.lever_arms(cfg)
     assert set(FAMILIES) - {c.family for c in made} <= {"data_parallel"}  # every family offers candidates here
     assert all(c.family in families_of(k) for c in made for k in c.changes)
+
+
+def test_every_key_the_mindformers_import_sets_is_a_declared_lever():
+    from helpers.mindformers.reference import keys_by_lever
+    set_by_import = keys_by_lever()
+    markers = {k for k in set_by_import if k.startswith("(") or k.endswith("*")}  # checked-only, schema, families
+    assert set(set_by_import) - markers <= set(LEVERS)
+    assert set_by_import["model.n_layer"] == ["num_layers", "num_hidden_layers"]
+    assert "recompute_config.recompute" in set_by_import["recompute"]

@@ -28,6 +28,18 @@ def _target(convert) -> str:
     return "—"
 
 
+def keys_by_lever() -> dict[str, list[str]]:
+    """Each workbook key the import sets and the MindFormers keys that set it (model keys without their
+    `model.model_config.` prefix), in the tables' order; markers such as '(checked)' for keys that set nothing."""
+    out: dict[str, list[str]] = {}
+    for table in (MODEL_KEYS, ARCH_KEYS, RUN_KEYS):
+        for key, (convert, _) in table.items():
+            for ours in _target(convert).split(", "):
+                if ours != "—":
+                    out.setdefault(ours, []).append(key)
+    return out
+
+
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|") or " "
 

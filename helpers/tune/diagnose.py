@@ -57,7 +57,8 @@ class Diagnosis:
             lines.append(f"alarm [{a['kind']}] step {a['step']}: {a['message']}")
         for row in self.troubleshooting:
             lines.append(f"symptom: {row['symptom']}\n  causes: {'; '.join(row['causes'])}\n  checks: "
-                         f"{'; '.join(row['checks'])}\n  fix: {'; '.join(row['fix'])}")
+                         f"{'; '.join(row['checks'])}\n  fix: {'; '.join(row['fix'])}\n  levers: "
+                         f"{', '.join(row['levers'])}")
         return "\n".join(lines)
 
 
@@ -66,8 +67,19 @@ def _fmt(v) -> str:
 
 
 def troubleshooting_table() -> list[dict]:
-    """Every row of troubleshooting.yaml: symptom, when (the findings that show it), causes, checks, fix."""
+    """Every row of troubleshooting.yaml: symptom, when (the findings that show it), causes, checks, fix, levers
+    (the config keys its fixes change)."""
     return yaml.safe_load(TROUBLESHOOTING.read_text(encoding="utf-8"))
+
+
+def troubleshooting_by_lever() -> dict[str, list[str]]:
+    """Each lever's troubleshooting rows: {config key: the symptoms whose fixes change it}, keys that no row
+    names left out."""
+    out: dict[str, list[str]] = {}
+    for row in troubleshooting_table():
+        for key in row["levers"]:
+            out.setdefault(key, []).append(row["symptom"])
+    return out
 
 
 def troubleshooting_rows(findings: list[str]) -> list[dict]:
