@@ -11,7 +11,7 @@ from helpers import config as config_mod
 from helpers import folder_lock
 from helpers.config import PRESETS, ConfigError, load_config
 from helpers.folder_lock import FolderBusy, LockError
-from helpers.record import RecordError, data_wait_text, load_run, memory_label
+from helpers.record import SUMMARY_DETAIL_KEYS, SUMMARY_KEYS, RecordError, data_wait_text, load_run, memory_label
 from helpers.units import mib_text
 from helpers.run.rows import PROGRESS_KINDS, progress_sink
 
@@ -37,14 +37,8 @@ def show_table(record) -> str:
     """The summary as an aligned two-column table."""
     s = record.summary
     rows = [("run", str(record.path)), ("status", s.get("status")), ("reason", s.get("status_reason") or "")]
-    rows += [(k, s.get(k)) for k in ("steps", "tokens_per_s", "step_time_ms", "step_time_ms_p10",
-                                     "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share",
-                                     "peak_memory_bytes", "memory_source", "peak_rss_bytes",
-                                     "peak_device_memory_bytes", "mfu", "peak_flops", "peak_flops_name",
-                                     "peak_flops_measured_at", "peak_flops_load_avg", "peak_flops_source",
-                                     "mfu_hardware", "peak_flops_hardware", "peak_flops_hardware_arithmetic",
-                                     "mfu_error", "loss_first", "loss_last",
-                                     "val_loss", "val_ppl", "grad_norm_max", "comm_step_share", "n_params")]
+    rows += [(k, s.get(k)) for k in SUMMARY_KEYS + SUMMARY_DETAIL_KEYS
+             if k not in ("record_version", "status", "status_reason")]
     width = max(len(k) for k, _ in rows)
     lines = []
     for key, value in rows:

@@ -53,6 +53,10 @@ SUMMARY_KEYS = ["record_version", "status", "status_reason", "steps", "tokens_pe
                 "step_time_ms_p90", "warmup_steps", "compile_s", "data_wait_share", "peak_memory_bytes",
                 "mfu", "peak_flops", "mfu_hardware", "peak_flops_hardware", "loss_first", "loss_last", "val_loss", "val_ppl", "grad_norm_max",
                 "comm_step_share"]
+# Where the headline figures come from: what `python -m helpers show` prints after SUMMARY_KEYS.
+SUMMARY_DETAIL_KEYS = ["memory_source", "peak_rss_bytes", "peak_device_memory_bytes", "peak_flops_name",
+                       "peak_flops_measured_at", "peak_flops_load_avg", "peak_flops_source",
+                       "peak_flops_hardware_arithmetic", "mfu_error", "n_params", "bottleneck"]
 # Keys renamed since version 1 (old → new): one name per quantity.
 RENAMED_KEYS = (("verdict", "bottleneck"), ("verdict_evidence", "bottleneck_evidence"),
                 # comm time ÷ merged step time (rankmerge); 0.0 for one process

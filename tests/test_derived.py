@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,9 +132,16 @@ def test_every_list_of_metric_or_summary_keys_is_drawn_from_the_declared_ones():
     from dataclasses import fields
 
     from helpers.book.tensorboard import SCALARS
-    from helpers.record import SUMMARY_KEYS
+    from helpers.book.tensorboard import SUMMARY_TEXT
+    from helpers.cli import show_table
+    from helpers.record import SUMMARY_DETAIL_KEYS, SUMMARY_KEYS, RunRecord
     from helpers.wire import StepRow
     assert set(SCALARS) <= set(METRIC_COLUMNS), set(SCALARS) - set(METRIC_COLUMNS)
+    assert set(SUMMARY_TEXT) <= set(SUMMARY_KEYS + SUMMARY_DETAIL_KEYS)
+    shown = show_table(RunRecord(Path("r"), None, [], {k: 1 for k in SUMMARY_KEYS + SUMMARY_DETAIL_KEYS + ["x"]}, {}))
+    assert [line.split()[0] for line in shown.splitlines()[3:]] == [k for k in SUMMARY_KEYS + SUMMARY_DETAIL_KEYS
+                                                                    if k not in ("record_version", "status",
+                                                                                 "status_reason")]
     assert {f.name for f in fields(StepRow)} <= set(METRIC_COLUMNS)
     made = summarize(MetricColumns.of_rows(_rows(12)), 1, 3, 1e6, None)
     run_level = {"record_version", "status", "status_reason", "comm_step_share"}  # the writer's and rankmerge's

@@ -74,6 +74,19 @@ def checkpoint_files(run_dir: str | os.PathLike) -> list[Path]:
     return sorted((Path(run_dir) / CHECKPOINTS_DIR).glob("step_*.ckpt"))
 
 
+def resume_hint(run_dir: str | os.PathLike, has_rows: bool, checkpoint_every: int) -> str:
+    """What `resume` can do with the run in `run_dir` if it ends now: continue from its last checkpoint, start again
+    (no step was recorded: `has_rows` False), or nothing (steps recorded, no checkpoint)."""
+    if checkpoint_files(run_dir):
+        return f"resume with: python -m helpers resume {run_dir}"
+    if not has_rows:
+        return f"start it again with: python -m helpers resume {run_dir}"
+    if checkpoint_every:
+        return (f"no checkpoint to continue from (it ended before its first, checkpoint_every={checkpoint_every}, "
+                f"was written whole); train it again with --replace")
+    return "no checkpoint to continue from (checkpoint_every=0 saves only at the end); train it again with --replace"
+
+
 def damaged_line(ckpt: Path, why: str, run_dir: Path, export_to: str | None = None) -> str:
     """The one line refusing a resume (or, with `export_to`, an export into that folder) from the damaged `ckpt`:
     why, and the newest intact checkpoint to use instead (its command), or that none is left."""

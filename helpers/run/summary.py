@@ -12,6 +12,7 @@ from helpers.config import Config
 from helpers.record import RecordWriter, memory_source
 from helpers.run.build import Built
 from helpers.run.metrics import summarize
+from helpers.run.peaks import hardware_peak, matmul_shapes, peak_flops_info, peak_summary
 from helpers.run.profile import window_steps
 from helpers.run.startup import FixedCost, process_start
 
@@ -24,6 +25,23 @@ class Peaks:
     matmul: float
     hardware: float | None
     remeasure: Callable[[], tuple[float, dict]] | None = None
+
+
+def measure_peaks(cfg: Config, vocab: int) -> tuple[Peaks, dict]:
+    """Both peaks a run's MFU divides by, taken at its start: the model's own matmul shapes at the faster of its
+    dtypes (under AMP some matmuls stay fp32: the fp32 cells, the loss), and the CPU's arithmetic; with the summary
+    keys that name them (when, under what load)."""
+    dtypes = ["fp32"] if cfg.amp_level == "O0" else [cfg.amp_dtype, "fp32"]
+    shapes = matmul_shapes(cfg, vocab)
+    infos = {d: peak_flops_info(cfg.device_target, d, cfg.threads, shapes) for d in dtypes}
+    dtype = max(dtypes, key=lambda d: infos[d]["flops"])
+    hardware = max((hardware_peak(d, cfg.device_target) for d in dtypes), key=lambda h: (h or {}).get("flops") or 0.0)
+
+    def remeasure() -> tuple[float, dict]:
+        info = peak_flops_info(cfg.device_target, dtype, cfg.threads, shapes, refresh=True)
+        return info["flops"], peak_summary(info, hardware)
+    return (Peaks(infos[dtype]["flops"], (hardware or {}).get("flops"), remeasure),
+            peak_summary(infos[dtype], hardware))
 
 
 def write_final_summary(cfg: Config, writer: RecordWriter, status: dict, start_step: int, built: Built | None,

@@ -27,17 +27,16 @@ from helpers import config as config_mod
 from helpers.config import Config
 from helpers.record import RecordError, RecordWriter, load_run
 from helpers.run.build import Built, build
-from helpers.run.checkpoints import (RUN, check_resumable, checkpoint_files, note_attempt, restore, resume_source,
+from helpers.run.checkpoints import (RUN, check_resumable, note_attempt, restore, resume_hint, resume_source,
                                      resumed_rows, run_id, save_checkpoint, supersede)
 from helpers.run.data import OPEN_GATE, DataGate
 from helpers.run import interrupt
 from helpers.run.env import environment
 from helpers.run.kernels import resolve_kernels
 from helpers.run.loop import Outcome, StepLoop, feed
-from helpers.run.peaks import hardware_peak, matmul_shapes, peak_flops_info, peak_summary
 from helpers.run.rows import fan_out
 from helpers.run.startup import FixedCost, claim_cache_folder, compile_cache_dir
-from helpers.run.summary import Peaks, write_final_summary
+from helpers.run.summary import Peaks, measure_peaks, write_final_summary
 
 
 class TrainError(RuntimeError):
@@ -242,7 +241,7 @@ class Trainer:
         if self.outcome is None:
             self.outcome = Outcome("stopped", reason or "stopped before its last step", self._loop.start)
         if self.outcome.status == "interrupted":
-            self.outcome.reason += f"; {self.resume_hint()}"
+            self.outcome.reason += f"; {self._resume_hint()}"
         self._write_summary({**self._status, "status": self.outcome.status, "status_reason": self.outcome.reason},
                             self.outcome.start_step, self._peaks)
         self.phase = Phase.FINISHED
@@ -255,18 +254,8 @@ class Trainer:
         if self.turns.gate is not OPEN_GATE:
             self.turns.gate.open()
 
-    def resume_hint(self) -> str:
-        """What `resume` can do with this run if it ends now: continue from its last checkpoint, start again (no
-        step was recorded), or nothing (steps recorded, no checkpoint)."""
-        if checkpoint_files(self.run_dir):
-            return f"resume with: python -m helpers resume {self.run_dir}"
-        if self.writer.last_row is None:
-            return f"start it again with: python -m helpers resume {self.run_dir}"
-        if self.cfg.checkpoint_every:
-            return (f"no checkpoint to continue from (it ended before its first, checkpoint_every="
-                    f"{self.cfg.checkpoint_every}, was written whole); train it again with --replace")
-        return (f"no checkpoint to continue from (checkpoint_every=0 saves only at the end); train it again with "
-                f"--replace")
+    def _resume_hint(self) -> str:
+        return resume_hint(self.run_dir, self.writer.last_row is not None, self.cfg.checkpoint_every)
 
     def _require_started(self, call: str) -> None:
         if self.phase is Phase.BUILT:
@@ -284,21 +273,9 @@ class Trainer:
             prep = prepare(cfg, self.run_dir)
         with cost.phase("import"):
             self._configure(str(prep.tokenizer.vocab_size))
-        with cost.phase("peak"):  # both peaks MFU divides by: the model's own matmul shapes, the CPU's arithmetic
-            # under AMP some matmuls stay fp32 (the fp32 cells, the loss): the faster dtype bounds what a step can do
-            dtypes = ["fp32"] if cfg.amp_level == "O0" else [cfg.amp_dtype, "fp32"]
-            shapes = matmul_shapes(cfg, cfg.model.vocab_size or prep.tokenizer.vocab_size)
-            infos = {d: peak_flops_info(cfg.device_target, d, cfg.threads, shapes) for d in dtypes}
-            dtype = max(dtypes, key=lambda d: infos[d]["flops"])
-            peak_info = infos[dtype]
-            hardware = max((hardware_peak(d, cfg.device_target) for d in dtypes),
-                           key=lambda h: (h or {}).get("flops") or 0.0)
-        self.extra_summary.update(peak_summary(peak_info, hardware))  # which peaks the MFU used: when, load
-
-        def remeasure() -> tuple[float, dict]:
-            info = peak_flops_info(cfg.device_target, dtype, cfg.threads, shapes, refresh=True)
-            return info["flops"], peak_summary(info, hardware)
-        self._peaks = Peaks(peak_info["flops"], (hardware or {}).get("flops"), remeasure)
+        with cost.phase("peak"):
+            self._peaks, named = measure_peaks(cfg, cfg.model.vocab_size or prep.tokenizer.vocab_size)
+        self.extra_summary.update(named)  # which peaks the MFU used: when, load
         with cost.phase("build"):
             self._built = build(cfg, prep, self.run_dir, kernels)
         if self._built.amp_audit is not None:
@@ -368,7 +345,7 @@ class Trainer:
     def _interrupted(self, when: str) -> None:
         """Record a KeyboardInterrupt (Ctrl-C outside the steps, or a second one) as 'interrupted', then re-raise."""
         start = self._loop.start if self._loop is not None else 1
-        self._end("interrupted", f"interrupted by Ctrl-C {when}; {self.resume_hint()}", {}, start, self._peaks)
+        self._end("interrupted", f"interrupted by Ctrl-C {when}; {self._resume_hint()}", {}, start, self._peaks)
         raise KeyboardInterrupt
 
     def _end(self, status: str, reason: str, extra: dict, start_step: int, peaks: Peaks | None) -> None:
