@@ -91,9 +91,9 @@ def round_applies(cfg: Config, name: str, changes: dict[str, Any], objective: st
                   lr_rule: str = DEFAULT_LR_RULE) -> str:
     """'' when the round of `changes` on `cfg` (a workbook's best) can run and judge here, else one line saying
     why it does not apply to this config: a change the config has already (or refuses; `model.kernels=auto`
-    already running the kernels asked for), a warm-up the config's
-    warmup_ratio overrides, a convergence or time-to-target round on a config with no validation
-    (eval_every=0), or a candidate that cannot fit in memory (`footprint.check_fits`)."""
+    already running the kernels asked for), a warm-up the config's warmup_ratio overrides, a convergence or
+    time-to-target round on a config with no validation (eval_every=0), or a candidate that cannot fit in memory
+    (`footprint.check_fits`)."""
     from helpers.run.footprint import check_fits
     from helpers.tune.ledger import RoundError
     from helpers.tune.round_spec import plan_round
