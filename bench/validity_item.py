@@ -10,7 +10,6 @@ The effects (nano preset; the workbook's default config, `base_config`, unless s
 - intermittent +5%: `model.ballast`, with `model.ballast_every` = INTERMITTENT_EVERY in both arms: the MatMul
   outside the graph in every 5th step only, sized to +5% of the mean step (a real cost, not a sleep; the blocks'
   2nd-fastest steps never saw it);
-- data workers 1 → 2 on notebook 02's slow-storage demo (BPE on the fly, 10 ms per sample);
 - op threads 1 → 2.
 
 The true ratio of each effect with a change: long measurements of TRUTH_STEPS steps per arm after the warm-up,
@@ -29,9 +28,10 @@ in the machine lands on all of them; every interval is kept. A kept round is rol
 against the same pinned baseline.
 
 `validity_stalls` holds the large effects with stalls (STALL_EFFECTS): notebook 02's slow storage at 18 ms a sample
-removed (×3–4 on this machine), and one more map worker on 6 ms storage (about +30%). Their truth is long separate
+removed (×3–5 on this machine), one more map worker on notebook 02's demo (BPE on the fly, 10 ms a sample; ×2 on
+the Intel host, ×1.6 on an AMD one) and one more map worker on 6 ms storage (about +30%). Their truth is long separate
 runs (TRUTH_RUN_PAIRS ABBA pairs of TRUTH_RUN_STEPS steps, each run its own process, stalls included), measured before
-the first trial and every TRUTH_EVERY trials: a stall-bound arm waits on its storage whatever the machine's speed, so
+the first trial, every TRUTH_EVERY trials and after the last: a stall-bound arm waits on its storage whatever the machine's speed, so
 the turns that cancel the machine's drift for two compute-bound arms cancel it only in part here, and the truth must
 be what a run of its own pays.
 
@@ -78,15 +78,15 @@ EFFECTS = {
     "A/A (runs)": ({}, 50, None, "runs", "no change"),
     "uniform +5%": ({}, 50, "uniform", None, "reject"),
     "intermittent +5%": ({"model.ballast_every": INTERMITTENT_EVERY}, 50, "intermittent", None, "reject"),
-    "data workers 1→2": (DEMO, 12, {"data.num_parallel_workers": 2}, None, "keep"),
     "threads 1→2": ({"threads": 1}, 50, {"threads": 2}, None, "keep"),
 }
-# Large effects with stalls (`validity_stalls`): slow storage removed (×3–4 here) and one more map worker on
-# milder slow storage (about +30%). Their true ratio is what long runs of their own pay: a stall-bound arm (its
+# Large effects with stalls (`validity_stalls`): slow storage removed (×3–5 here), one more map worker on the demo
+# (×2 here) and one more on milder slow storage (about +30%). Their true ratio is what long runs of their own pay: a stall-bound arm (its
 # storage latency) does not slow with the machine while a compute-bound one does, so two arms taking turns agree
 # with a run of its own only as far as the machine's speed held.
 STALL_EFFECTS = {
     "slow storage removed": ({**DEMO, "data.source_delay_ms": 18.0}, 12, {"data.source_delay_ms": 0.0}, None, "keep"),
+    "data workers 1→2, ×2": (DEMO, 12, {"data.num_parallel_workers": 2}, None, "keep"),
     "data workers 1→2, +30%": ({**DEMO, "data.source_delay_ms": 6.0}, 12, {"data.num_parallel_workers": 2}, None,
                                "keep"),
 }
@@ -206,18 +206,18 @@ def truth_of(effect: dict) -> float:
 
 
 def _more_truths(work: Path, state: dict, i: int, log) -> None:
-    """Before trial `i` (a multiple of TRUTH_EVERY after 0): one more truth measurement of each effect with a
-    change, kept in its own folder (reused when there)."""
+    """Before trial `i` (a multiple of TRUTH_EVERY after 0; or the trials' count: after the last): one more truth
+    measurement of each effect with a change, kept in its own folder (reused when there)."""
     for name, e in state.items():
         if name.startswith("_") or e["changes"] is None:
             continue
         e.setdefault("truths", [e["truth"]])
-        if len(e["truths"]) > i // TRUTH_EVERY:
+        if len(e["truths"]) > math.ceil(i / TRUTH_EVERY):
             continue
         cfg = base_config("nano", e["steps"], changes=e["baseline_changes"])
         got = _truth(name, cfg, with_changes(cfg, e["changes"]), work / "truth" / f"{_slug(name)}_{i}")
         e["truths"].append({**got, "before_trial": i})
-        log(f"  truth {name} before trial {i + 1}: ×{got['ratio']:.4f} (now ×{truth_of(e):.4f} over "
+        log(f"  truth {name} after trial {i}: ×{got['ratio']:.4f} (now ×{truth_of(e):.4f} over "
             f"{len(e['truths'])})")
     (work / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
 
@@ -279,6 +279,7 @@ def item_validity(trials: int = 20, work: Path = WORK, log=print, effects: dict 
                 f"{'' if t['covered'] else 'NOT '}covering ×{truth_of(state[name]):.4f} "
                 f"(±{100 * (t['half_width'] or 0):.1f}%, {t['pairs']} pairs, {t['wall_s']:.0f} s, load "
                 f"{t['load_1min']['max']:.1f})")
+    _more_truths(work, state, trials, log)  # so that the truths span the trials' hours at both ends
     trials_done = [t for t in done if t["trial"] < trials]
     return {"trials": trials, "effects": {n: state[n] for n in effects}, "sized": state["_sized"],
             "rates": _rates(trials_done, state, effects),

@@ -107,14 +107,33 @@ def woven(order: tuple[str, str], k: int) -> list[str]:
     return [name for j in range(k) for name in (order if j % 2 == 0 else order[::-1])]
 
 
+MAX_TURN_STEPS = 8  # the faster arm's steps per turn at most (its block is that many times the plan's)
+
+
+def turn_steps(sizing_ms: dict[str, Sequence[float]], limit: int = MAX_TURN_STEPS) -> dict[str, int]:
+    """Steps per turn of each arm so that the two arms' turns last about as long: the slower arm 1, the faster
+    round(slower ÷ faster step) (at most `limit`), from the median of each arm's sizing steps (ms; taken alone,
+    after its warm-up). An arm's working set goes cold while the other takes its turn, the more the longer that
+    turn (docs/explanation/speed-rule.md): a fast arm stepping once after each step of a stall-bound arm four times
+    as long paid it on every other step, where a run of its own never idles, and the round read such an effect
+    ~8% low. With turns of equal length each arm pays it alike, as in an A/A. Arms less than ×1.5 apart take 1
+    step each (the default weave)."""
+    typical = {n: statistics.median(t) for n, t in sizing_ms.items() if t}
+    turns = {n: 1 for n in ARMS}
+    if len(typical) == len(ARMS) and min(typical.values()) > 0:
+        fast, slow = sorted(ARMS, key=lambda n: typical[n])
+        turns[fast] = max(1, min(limit, round(typical[slow] / typical[fast])))
+    return turns
+
+
 def measurement_record(path: str, block_steps: int, interleave: str, max_pairs: int, warmup: int,
                        tokens_per_step: dict[str, int]) -> dict:
     """paired.json as a measurement starts it: the plan, and the lists `add_pair` fills (`Measurement.from_raw`
     reads it back); status 'running' until the measuring path sets how it ended."""
     return {"path": path, "block_steps": block_steps, "interleave": interleave, "max_pairs": max_pairs,
             "warmup_steps": warmup, "tokens_per_step": {n: tokens_per_step[n] for n in ARMS}, "pairs": [],
-            "waits": [], "foreign_cores": [], "first_in_pair": [], "status": "running", "reason": "",
-            "warmup_ms": {}, "memory": {}}
+            "waits": [], "foreign_cores": [], "first_in_pair": [], "turn_steps": {n: 1 for n in ARMS},
+            "status": "running", "reason": "", "warmup_ms": {}, "sizing_ms": {}, "memory": {}}
 
 
 def add_pair(record: dict, order: tuple[str, str], times_ms: dict[str, list[float]],
@@ -320,7 +339,8 @@ def parts(m: Measurement, plan: SpeedPlan) -> Parts:
         work = [[t - w for t, w in zip(b, wb)] for b, wb in zip(blocks, waits)] if waits else blocks
         total = sum(sum(b) for b in blocks)
         mean = total / sum(len(b) for b in blocks)
-        compute = statistics.median(fast_end(b, plan.rank) for b in work)
+        # the same quantile in a faster arm's longer block (turn_steps): rank per plan.block_steps steps
+        compute = statistics.median(fast_end(b, plan.rank * max(1, len(b) // plan.block_steps)) for b in work)
         wait_share = (data_wait_share([t for b in blocks for t in b], [w for wb in waits for w in wb]) if waits
                       else None)
         stall = max(0.0, 1 - (compute / mean) - (wait_share or 0.0))
@@ -420,7 +440,8 @@ def stop_rule(plan: SpeedPlan):
 def rule_text(plan: SpeedPlan, path: str) -> str:
     """The speed rule with its numbers, as printed in a verdict."""
     unit = {"paired": "steps of each arm per pair, woven step by step (ABBA) in one process",
-            "processes": "steps of each arm per pair, woven step by step (ABBA) between two long-lived processes",
+            "processes": "turns of each arm per pair, woven turn by turn (ABBA) between two long-lived processes; "
+                         "a turn is 1 step, or for an arm ≥ ×1.5 faster as many steps as last one of the other's",
             "runs": "run of each arm per pair (its steady window), ABBA runs in separate processes"}.get(path, path)
     if plan.interleave == "blocks" and path != "runs":
         unit = unit.replace("woven step by step (ABBA)", "in ABBA blocks")

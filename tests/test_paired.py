@@ -249,6 +249,25 @@ def test_a_large_change_ends_at_the_first_look_and_a_small_one_goes_on():
     assert not should_stop(small.head(plan.looks[0]), plan) and conclude(small, plan).look.pairs > plan.looks[0]
 
 
+def test_a_faster_arm_takes_turns_as_long_as_one_step_of_the_slower():
+    from helpers.paired import MAX_TURN_STEPS, turn_steps
+    assert turn_steps({"reference": [220.0, 215.0, 224.0], "candidate": [59.0, 47.0, 48.0]}) == {
+        "reference": 1, "candidate": 5}  # 220 / 48 = 4.6
+    assert turn_steps({"reference": [50.0] * 3, "candidate": [110.0] * 3}) == {"reference": 2, "candidate": 1}
+    assert turn_steps({"reference": [60.0] * 3, "candidate": [41.0] * 3}) == {"reference": 1, "candidate": 1}
+    assert turn_steps({"reference": [1000.0], "candidate": [10.0]})["candidate"] == MAX_TURN_STEPS
+    assert turn_steps({"reference": [100.0], "candidate": []}) == {"reference": 1, "candidate": 1}
+
+
+def test_the_compute_part_takes_the_same_quantile_of_a_longer_block():
+    """A faster arm's block holds K steps per step of its turn: its fast end is the rank-th fastest per K steps."""
+    plan = SpeedPlan(block_steps=4, looks=(2,), alphas=(0.01,))
+    ref = [[100.0, 101.0, 102.0, 103.0]] * 2
+    cand = [[10.0, 20.0, 21.0, 22.0, 23.0, 24.0, 25.0, 26.0]] * 2  # turns of 2 steps: 8 steps a block
+    got = paired.parts(Measurement(list(zip(ref, cand)), (1, 1)), plan)
+    assert got.reference.compute_ms == 101.0 and got.candidate.compute_ms == 22.0  # 2nd and 4th fastest
+
+
 def test_both_measuring_paths_take_their_pairs_in_one_order_and_record_them_one_way():
     from helpers.paired import add_pair, live_tokens_per_s, measurement_record, pair_order, woven
     assert [pair_order(i) for i in range(3)] == [("reference", "candidate"), ("candidate", "reference"),

@@ -4,8 +4,11 @@ step by step.
 Each arm is a process of its own: built at the same time as the other (both compile at once on the two cores),
 then warmed up (one after the other when their warm-ups are profiled, so each op table holds its own arm alone),
 past its steady_after (its compile step let its input pipeline read only the batch it asked for, run/loop.py).
-Then this parent asks one step of one arm, then of the other, in ABBA order inside each pair of K-step blocks,
-so whatever else the machine does lands on both arms alike. Every step is timed by its own arm (from asking for
+Then this parent asks one turn of one arm, then of the other, in ABBA order inside each pair of blocks, so
+whatever else the machine does lands on both arms alike. A turn is one step, or, for an arm at least ×1.5 faster
+than the other (by SIZING_STEPS steps of each alone after the warm-ups), as many steps as last one step of the
+slower arm (`paired.turn_steps`): an arm's working set goes cold while the other steps, so turns of equal length
+make both pay that alike; its block then holds K steps per step of its turn. Every step is timed by its own arm (from asking for
 the batch to the loss). Between its steps an arm is frozen (SIGSTOP to its process group, SIGCONT before its
 next step): MindSpore's op threads spin for a while after a step (measured here: ~13 ms of CPU after each step of
 a small graph, against none when steps follow each other), which in a run of its own overlaps nothing but would
@@ -30,8 +33,8 @@ from typing import Callable
 
 from helpers import config as config_mod
 from helpers.config import Config
-from helpers.paired import (Measurement, add_pair, live_tokens_per_s, measurement_record, pair_order,
-                            woven)
+from helpers.paired import (MAX_TURN_STEPS, Measurement, add_pair, live_tokens_per_s, measurement_record,
+                            pair_order, turn_steps, woven)
 from helpers.paths import REPO_ROOT, absolute
 from helpers.record import RecordError, RunRecord, atomic_write_json, load_run
 from helpers.run.foreign import ForeignLoad
@@ -43,6 +46,7 @@ from helpers.wire import PAIRED_FILE, ArmReady, FinishRequest, StepRequest, Step
 
 ARMS = ("candidate", "reference")
 READY_TIMEOUT_S = 600.0  # start, import and build of a big config on a loaded machine
+SIZING_STEPS = 3  # steps of each arm alone after the warm-ups, whose median sizes the turns (paired.turn_steps)
 class _Arm:
     """The parent's side of one arm process: its process, its socket, freezing and waking it."""
 
@@ -97,9 +101,9 @@ class _Arm:
             raise RuntimeError(f"the {self.name} arm {result.ended}")
         return result
 
-    def step(self) -> StepResult:
-        """One step of this arm, woken for it and frozen again after it."""
-        self.ask(StepRequest(1))
+    def step(self, steps: int = 1) -> StepResult:
+        """One turn of this arm (`steps` steps), woken for it and frozen again after it."""
+        self.ask(StepRequest(steps))
         return self.answer()
 
     def close(self, complete: bool, reason: str) -> int:
@@ -211,7 +215,8 @@ def launch_stepped(reference: Config, candidate: Config, folder, plan: dict, sto
     arms: dict[str, _Arm] = {}
     with socket.create_server(("127.0.0.1", 0)) as listener:
         try:
-            arms = {n: _Arm(n, cfgs[n], folder, listener.getsockname()[:2], warmup + k * max_pairs) for n in ARMS}
+            extra = warmup + SIZING_STEPS + k * max_pairs * MAX_TURN_STEPS  # up to that many steps per turn
+            arms = {n: _Arm(n, cfgs[n], folder, listener.getsockname()[:2], extra) for n in ARMS}
             _connect(listener, arms)
             warm = _warm(arms, warmup, any(c.monitor.profile_steps for c in cfgs.values()), out)
             out["setup_s"] = time.perf_counter() - t0
@@ -265,18 +270,21 @@ def _records(folder: Path) -> tuple[RunRecord | None, RunRecord | None]:
 
 def _measure(arms: dict[str, _Arm], out: dict, k: int, max_pairs: int, stop: Callable[[Measurement], bool], bar,
              label: str) -> None:
-    """The pairs: K steps of each arm, woven one by one in ABBA order, until `stop` or `max_pairs`."""
+    """The pairs: K turns of each arm, woven one by one in ABBA order, until `stop` or `max_pairs`."""
     foreign = ForeignLoad(lambda: [a.proc.pid for a in arms.values()])
+    for name in ARMS:  # untimed by the estimator: each arm alone for a few steps, to size the turns
+        out["sizing_ms"][name] = arms[name].step(SIZING_STEPS).times_ms
+    turns = out["turn_steps"] = turn_steps(out["sizing_ms"])
     for i in range(max_pairs):
         order = pair_order(i)
         got = {n: StepResult([], []) for n in order}
         foreign.start()
         for name in woven(order, k):
-            result = arms[name].step()
+            result = arms[name].step(turns[name])
             got[name].times_ms += result.times_ms
             got[name].waits_ms += result.waits_ms
             got[name].loss, got[name].ended = result.loss, result.ended
-        ended = [n for n, g in got.items() if g.ended not in ("", "ok") or len(g.times_ms) < k]
+        ended = [n for n, g in got.items() if g.ended not in ("", "ok") or len(g.times_ms) < k * turns[n]]
         if ended:
             out["status"] = "ended"
             out["reason"] = f"the {ended[0]} arm's record ended '{got[ended[0]].ended}' before pair {i + 1} was complete"
@@ -284,7 +292,8 @@ def _measure(arms: dict[str, _Arm], out: dict, k: int, max_pairs: int, stop: Cal
         measured = add_pair(out, order, {n: g.times_ms for n, g in got.items()},
                             {n: g.waits_ms for n, g in got.items()}, foreign.read())
         for name in order:
-            publish(f"{label} {name}", {"step": out["warmup_steps"] + (i + 1) * k, "loss": got[name].loss,
+            step = out["warmup_steps"] + SIZING_STEPS + (i + 1) * k * turns[name]
+            publish(f"{label} {name}", {"step": step, "loss": got[name].loss,
                                         "tokens_per_s": live_tokens_per_s(out["tokens_per_step"][name],
                                                                           got[name].times_ms)})
         if bar is not None:

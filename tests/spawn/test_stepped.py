@@ -7,7 +7,7 @@ import json
 import pytest
 
 from helpers.config import with_changes
-from helpers.paired import Measurement, SpeedPlan
+from helpers.paired import Measurement, SpeedPlan, turn_steps
 from helpers.run.profile import warmup_steps
 from helpers.spawn.stepped import launch_stepped
 from helpers.tune.study import base_config
@@ -44,7 +44,11 @@ def test_two_arm_processes_take_turns_step_by_step_and_complete_their_records(tm
                                                       desc="round 1 layers")
     assert error == "" and out["status"] == "ok", out["reason"]
     assert looked == [(1, (ref.tokens_per_step, cand.tokens_per_step)), (2, looked[0][1]), (3, looked[0][1])]
-    assert [len(r) for pair in out["pairs"] for r in pair] == [2] * 6  # each arm's block: 2 steps, every pair
+    # each arm's block: 2 turns, every pair; a turn is as long as one step of the slower arm (sized alone)
+    assert all(len(out["sizing_ms"][arm]) == 3 for arm in ("reference", "candidate"))
+    assert out["turn_steps"] == turn_steps(out["sizing_ms"])
+    assert [len(r) for pair in out["pairs"] for r in pair] == [2 * out["turn_steps"]["reference"],
+                                                               2 * out["turn_steps"]["candidate"]] * 3
     assert out["first_in_pair"] == ["reference", "candidate", "reference"]  # ABBA over the pairs
     assert len(out["waits"]) == len(out["foreign_cores"]) == 3 and out["warmup_steps"] == 6
     assert all(len(out["warmup_ms"][arm]) == 6 for arm in ("reference", "candidate"))

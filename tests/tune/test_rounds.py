@@ -83,7 +83,11 @@ def test_eager_group_round_is_rejected_as_slower_with_numbers(book):
     assert speed["path"] == "processes" and "process-wide" in speed["why"] and "taking turns" in speed["why"]
     assert len(speed["pairs"]) == len(speed["waits"]) == len(speed["foreign_cores"]) == r.verdict.pairs
     raw = json.loads((r.rollback.parent / "paired.json").read_text())
-    assert raw["path"] == "processes" and all(len(a) == len(b) == raw["block_steps"] for a, b in raw["pairs"])
+    # the faster arm (graph) takes turns as long as one eager step: its blocks hold that many steps per turn
+    turns = raw["turn_steps"]
+    assert raw["path"] == "processes" and turns["candidate"] == 1 and turns["reference"] >= 2, turns
+    assert all((len(a), len(b)) == (raw["block_steps"] * turns["reference"], raw["block_steps"])
+               for a, b in raw["pairs"])
     # each arm its own process, so its own peak memory (not a paired process's estimate)
     assert all("memory_scope" not in load_run(p).summary for p in [*r.candidate_runs, *r.reference_runs])
     assert load_run(r.candidate_runs[0]).config.mode == "pynative"
