@@ -4,6 +4,7 @@ fails in one line."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -126,7 +127,8 @@ def test_validity_truth_is_the_geometric_mean_of_its_measurements_and_coverage_i
               "standalone": None, "changes": {"threads": 2}}
     assert v.truth_of(effect) == pytest.approx((1.015 * 1.06 * 1.05) ** (1 / 3))
     assert v.truth_of({"truth": {"ratio": 1.0}}) == 1.0  # an A/A, or a state from before repeated truths
-    trial = {"effect": "threads 1→2", "decision": "keep", "expected": "keep", "ratio": 1.05, "half_width": 0.03,
+    trial = {"effect": "threads 1→2", "trial": 0, "decision": "keep", "expected": "keep", "ratio": 1.05,
+             "half_width": 0.03,
              "pairs": 20, "wall_s": 40.0, "load_1min": {"max": 2.0}, "foreign_cores_median": 0.01}
     trials = [{**trial, "interval": [1.02, 1.08], "covered": False},  # recorded against the first truth alone
               {**trial, "interval": [1.00, 1.03], "covered": True}, {**trial, "interval": None, "covered": False}]
@@ -134,3 +136,23 @@ def test_validity_truth_is_the_geometric_mean_of_its_measurements_and_coverage_i
                     | {"threads 1→2": effect})["threads 1→2"]
     assert rate["covered"] == 1 and rate["truths"] == [1.015, 1.06, 1.05]
     assert "over 3: ×1.015–×1.060" in v.rows({"rates": {"threads 1→2": rate}})[0][0]
+
+
+def test_a_long_run_truth_is_taken_at_the_trial_s_hour():
+    """Truths before trials 0, 5, 10 and after the last (10 trials): each trial between the two around its block."""
+    import validity_item as v
+    effect = {"truth": {"ratio": 4.0}, "truths": [{"ratio": 4.0}, {"ratio": 3.6, "before_trial": 5},
+                                                  {"ratio": 3.6, "before_trial": 10}]}
+    assert v.truth_at(effect, 0) == pytest.approx(math.exp(0.9 * math.log(4.0) + 0.1 * math.log(3.6)))
+    assert v.truth_at(effect, 4) == pytest.approx(math.exp(0.1 * math.log(4.0) + 0.9 * math.log(3.6)))
+    assert v.truth_at(effect, 7) == pytest.approx(3.6) and v.truth_at({"truth": {"ratio": 1.0}}, 3) == 1.0
+    trial = {"effect": "slow storage removed", "decision": "keep", "expected": "keep", "ratio": 3.7,
+             "half_width": 0.05, "pairs": 6, "wall_s": 30.0, "load_1min": {"max": 2.0}, "foreign_cores_median": 0.01}
+    trials = [{**trial, "trial": 4, "interval": [3.5, 3.8]}, {**trial, "trial": 0, "interval": [3.5, 3.8]}]
+    rate = v._rates(trials, {"slow storage removed": {**effect, "standalone": None}},
+                    {"slow storage removed": None})["slow storage removed"]
+    assert (rate["covered"], rate["covered_at_its_time"]) == (2, 1)  # mean ×3.73; trial 4 at ×3.64, trial 0 at ×3.96
+    row = v.rows({"rates": {"slow storage removed": rate}})[0][1]
+    assert row.startswith("interval holds it 2/2 (the truth of its hour: 1/2); keep 2")
+    judged = v.STALL_CHECKS[0].judge({"rates": {"slow storage removed": rate}, "load_limit": 9.0})
+    assert judged.status == "missed" and "1/2" in judged.line
