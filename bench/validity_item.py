@@ -29,11 +29,12 @@ against the same pinned baseline.
 
 `validity_stalls` holds the large effects with stalls (STALL_EFFECTS): notebook 02's slow storage at 18 ms a sample
 removed (×3–5 on this machine), one more map worker on notebook 02's demo (BPE on the fly, 10 ms a sample; ×2 on
-the Intel host, ×1.6 on an AMD one) and one more map worker on 6 ms storage (about +30%). Their truth is long separate
-runs (TRUTH_RUN_PAIRS ABBA pairs of TRUTH_RUN_STEPS steps, each run its own process, stalls included), measured before
-the first trial, every TRUTH_EVERY trials and after the last: a stall-bound arm waits on its storage whatever the machine's speed, so
-the turns that cancel the machine's drift for two compute-bound arms cancel it only in part here, and the truth must
-be what a run of its own pays.
+the Intel host, ×1.6 on an AMD one) and one more map worker on 6 ms storage (about +30%). Their truth is long
+separate runs (TRUTH_RUN_PAIRS ABBA pairs of TRUTH_RUN_STEPS steps, each run its own process, stalls included, timed
+after the read-ahead it banks while its first step compiles), measured before the first trial, every TRUTH_EVERY
+trials and after the last: a stall-bound arm waits on its storage whatever the machine's speed, so the turns that
+cancel the machine's drift for two compute-bound arms cancel it only in part here, and the truth must be what a run
+of its own pays, at the hour of the trial (`truth_at`).
 
 Resumable: the workbooks, truths and trials live in `--validity-dir` (default bench/results/validity_work, not
 kept in git); a run with the same settings goes on where the last one stopped.
@@ -81,9 +82,9 @@ EFFECTS = {
     "threads 1→2": ({"threads": 1}, 50, {"threads": 2}, None, "keep"),
 }
 # Large effects with stalls (`validity_stalls`): slow storage removed (×3–5 here), one more map worker on the demo
-# (×2 here) and one more on milder slow storage (about +30%). Their true ratio is what long runs of their own pay: a stall-bound arm (its
-# storage latency) does not slow with the machine while a compute-bound one does, so two arms taking turns agree
-# with a run of its own only as far as the machine's speed held.
+# (×2 here) and one more on milder slow storage (about +30%). Their true ratio is what long runs of their own pay:
+# a stall-bound arm (its storage latency) does not slow with the machine while a compute-bound one does, so two arms
+# taking turns agree with a run of its own only as far as the machine's speed held.
 STALL_EFFECTS = {
     "slow storage removed": ({**DEMO, "data.source_delay_ms": 18.0}, 12, {"data.source_delay_ms": 0.0}, None, "keep"),
     "data workers 1→2, ×2": (DEMO, 12, {"data.num_parallel_workers": 2}, None, "keep"),
@@ -91,7 +92,11 @@ STALL_EFFECTS = {
                                "keep"),
 }
 LONG_RUN_TRUTHS = frozenset(STALL_EFFECTS)  # effects whose truth is separate long runs, not turns
-TRUTH_RUN_PAIRS, TRUTH_RUN_STEPS = 3, 150  # a long-run truth: ABBA pairs of separate runs of this many steps
+# A long-run truth: ABBA pairs of separate runs of this many steps, timed after TRUTH_RUN_STEADY_AFTER: a run of
+# its own reads ahead while its first step compiles (a round's arm does not, run/loop.py), and a stall-bound arm
+# draws on that bank for its first ~50-100 steps (one more worker on 6 ms storage: no wait in steps 5-80, 4-6 ms a
+# step from ~100 on), which a run of weeks pays once; the truth is the steady state after it.
+TRUTH_RUN_PAIRS, TRUTH_RUN_STEPS, TRUTH_RUN_STEADY_AFTER = 3, 250, 100
 STALLS_WORK = REPO / "bench" / "results" / "validity_stalls_work"
 COVERAGE, CALLS, AA_CALLS = 18, 19, 19  # of 20 trials, scaled to the trials run
 LEAN_LIMIT, HALF_WIDTH_LIMIT = 0.003, 0.025
@@ -121,17 +126,17 @@ def _interleaved(ref_cfg, cand_cfg, folder: Path, steps: int) -> dict:
     return out
 
 
-def _standalone(ref_cfg, cand_cfg, folder: Path, pairs: int, steps: int) -> dict:
+def _standalone(ref_cfg, cand_cfg, folder: Path, pairs: int, steps: int, steady_after: int | None = None) -> dict:
     """The cross-check: ABBA pairs of separate runs of `steps` steps (each compiling its own graph), each run's
-    tokens ÷ wall time of its steps after the warm-up, the ratio of the arms' means and a 95% t interval of the
-    ratio over the pairs' log ratios.
+    tokens ÷ wall time of its steps after the warm-up (or after `steady_after`), the ratio of the arms' means and a
+    95% t interval of the ratio over the pairs' log ratios.
     A run already in `folder` with the same config is reused (resumable)."""
     rates = {"reference": [], "candidate": []}
     for k in range(pairs):
         for arm in (("reference", "candidate") if k % 2 == 0 else ("candidate", "reference")):
             cfg = with_changes(ref_cfg if arm == "reference" else cand_cfg,
                                {"steps": steps, "eval_every": 0, "checkpoint_every": 0})
-            cfg = speed_measured(with_changes(cfg, {"steady_after": warmup_steps(cfg)}))
+            cfg = speed_measured(with_changes(cfg, {"steady_after": steady_after or warmup_steps(cfg)}))
             run = launch_or_reuse(cfg, folder / f"{arm}_{k + 1}", progress=False)
             if run.status != "ok":
                 raise RuntimeError(f"standalone run {run.path} ended {run.status}: {run.summary.get('status_reason')}")
@@ -148,10 +153,11 @@ def _truth(name: str, ref_cfg, cand_cfg, folder: Path) -> dict:
     """One truth measurement of effect `name`: long separate runs (LONG_RUN_TRUTHS) or the arms taking turns."""
     if name not in LONG_RUN_TRUTHS:
         return _interleaved(ref_cfg, cand_cfg, folder, TRUTH_STEPS)
-    got = _standalone(ref_cfg, cand_cfg, folder, TRUTH_RUN_PAIRS, TRUTH_RUN_STEPS)
+    got = _standalone(ref_cfg, cand_cfg, folder, TRUTH_RUN_PAIRS, TRUTH_RUN_STEPS, TRUTH_RUN_STEADY_AFTER)
     return {"ratio": got["ratio"], "steps": TRUTH_RUN_STEPS, "pairs": TRUTH_RUN_PAIRS, "runs": got,
+            "steady_after": TRUTH_RUN_STEADY_AFTER,
             "how": "ABBA pairs of separate runs, each its own process; the ratio of the arms' mean tokens ÷ wall "
-                   "time of their steps after the warm-up, stalls included"}
+                   f"time of their steps after step {TRUTH_RUN_STEADY_AFTER}, stalls included"}
 
 
 def _sized(name: str, base, work: Path) -> dict:
