@@ -31,10 +31,10 @@ against the same pinned baseline.
 removed (×3–5 on this machine), one more map worker on notebook 02's demo (BPE on the fly, 10 ms a sample; ×2 on
 the Intel host, ×1.6 on an AMD one) and one more map worker on 6 ms storage (about +30%). Their truth is long
 separate runs (TRUTH_RUN_PAIRS ABBA pairs of TRUTH_RUN_STEPS steps, each run its own process, stalls included, timed
-after the read-ahead it banks while its first step compiles), measured before the first trial, every TRUTH_EVERY
-trials and after the last: a stall-bound arm waits on its storage whatever the machine's speed, so the turns that
-cancel the machine's drift for two compute-bound arms cancel it only in part here, and the truth must be what a run
-of its own pays, at the hour of the trial (`truth_at`).
+after the batches it banks early), measured before the first trial, every TRUTH_EVERY trials and after the last: a
+stall-bound arm waits on its storage whatever the machine's speed, so the turns that cancel the machine's drift for
+two compute-bound arms cancel it only in part here, and the truth must be what a run of its own pays, at the hour
+of the trial (`truth_at`).
 
 Resumable: the workbooks, truths and trials live in `--validity-dir` (default bench/results/validity_work, not
 kept in git); a run with the same settings goes on where the last one stopped.
@@ -92,10 +92,11 @@ STALL_EFFECTS = {
                                "keep"),
 }
 LONG_RUN_TRUTHS = frozenset(STALL_EFFECTS)  # effects whose truth is separate long runs, not turns
-# A long-run truth: ABBA pairs of separate runs of this many steps, timed after TRUTH_RUN_STEADY_AFTER: a run of
-# its own reads ahead while its first step compiles (a round's arm does not, run/loop.py), and a stall-bound arm
-# draws on that bank for its first ~50-100 steps (one more worker on 6 ms storage: no wait in steps 5-80, 4-6 ms a
-# step from ~100 on), which a run of weeks pays once; the truth is the steady state after it.
+# A long-run truth: ABBA pairs of separate runs of this many steps, timed after TRUTH_RUN_STEADY_AFTER: a stall-bound
+# arm in a run of its own waits for no batch in its first ~50-100 steps and then on every step (one more worker on
+# 6 ms storage: none in steps 5-80, 4-6 ms a step from ~100; the data demo likewise, docs/data/2026-12-02-data-demo-
+# waits.json), where a round's arm waits from its first: a bank read ahead early (while the first step compiles,
+# most likely: a round's arm gates that, run/loop.py), which a run of weeks pays once. The truth is what comes after.
 TRUTH_RUN_PAIRS, TRUTH_RUN_STEPS, TRUTH_RUN_STEADY_AFTER = 3, 250, 100
 STALLS_WORK = REPO / "bench" / "results" / "validity_stalls_work"
 COVERAGE, CALLS, AA_CALLS = 18, 19, 19  # of 20 trials, scaled to the trials run

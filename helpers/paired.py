@@ -116,7 +116,7 @@ def turn_steps(sizing_ms: dict[str, Sequence[float]], limit: int = MAX_TURN_STEP
     after its warm-up). An arm's working set goes cold while the other takes its turn, the more the longer that
     turn (docs/explanation/speed-rule.md): a fast arm stepping once after each step of a stall-bound arm four times
     as long paid it on every other step, where a run of its own never idles, and the round read such an effect
-    ~8% low. With turns of equal length each arm pays it alike, as in an A/A. Arms less than ×1.5 apart take 1
+    ~7% low. With turns of equal length each arm pays it alike, as in an A/A. Arms less than ×1.5 apart take 1
     step each (the default weave)."""
     typical = {n: statistics.median(t) for n, t in sizing_ms.items() if t}
     turns = {n: 1 for n in ARMS}

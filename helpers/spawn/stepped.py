@@ -1,5 +1,4 @@
-"""A speed round's measurement: the two arms as two long-lived processes (helpers/run/arm.py) that take turns,
-step by step.
+"""A speed round's measurement: the two arms as two long-lived processes (helpers/run/arm.py) that take turns.
 
 Each arm is a process of its own: built at the same time as the other (both compile at once on the two cores),
 then warmed up (one after the other when their warm-ups are profiled, so each op table holds its own arm alone),
@@ -8,11 +7,11 @@ Then this parent asks one turn of one arm, then of the other, in ABBA order insi
 whatever else the machine does lands on both arms alike. A turn is one step, or, for an arm at least ×1.5 faster
 than the other (by SIZING_STEPS steps of each alone after the warm-ups), as many steps as last one step of the
 slower arm (`paired.turn_steps`): an arm's working set goes cold while the other steps, so turns of equal length
-make both pay that alike; its block then holds K steps per step of its turn. Every step is timed by its own arm (from asking for
-the batch to the loss). Between its steps an arm is frozen (SIGSTOP to its process group, SIGCONT before its
-next step): MindSpore's op threads spin for a while after a step (measured here: ~13 ms of CPU after each step of
-a small graph, against none when steps follow each other), which in a run of its own overlaps nothing but would
-slow the other arm here; and its input pipeline cannot read ahead (its data gate also stops the simulated
+make both pay that alike; its block then holds K steps per step of its turn. Every step is timed by its own arm
+(from asking for the batch to the loss). Between its turns an arm is frozen (SIGSTOP to its process group, SIGCONT
+before its next turn): MindSpore's op threads spin for a while after a step (measured here: ~13 ms of CPU after
+each step of a small graph, against none when steps follow each other), which in a run of its own overlaps nothing
+but would slow the other arm here; and its input pipeline cannot read ahead (its data gate also stops the simulated
 storage clock, data.DataGate). The pairs, each step's data wait and the CPU other processes used during each pair
 go to `paired.json`, which the estimator (helpers/paired.py) reads. Each arm's peak memory is its own process's.
 
