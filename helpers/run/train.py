@@ -188,12 +188,12 @@ class Trainer:
             self.writer.start_later(*start_args, kept=kept, before=lambda: supersede(cfg, kept.after))
         else:
             self.writer.start(*start_args)
-        self._fixed_cost = FixedCost()
-        # elapsed_s counts from this process's creation (start, imports, compile, evaluation: all a user pays);
-        # a resumed run goes on from the seconds its earlier rows had already taken
-        before = (self.writer.last_row or {}).get("elapsed_s") or 0.0
-        clock0 = time.perf_counter() - self._fixed_cost.seconds["start"] - before
-        try:
+        try:  # from the record's start on: a Ctrl-C between it and the set-up once left it 'running'
+            self._fixed_cost = FixedCost()
+            # elapsed_s counts from this process's creation (start, imports, compile, evaluation: all a user pays);
+            # a resumed run goes on from the seconds its earlier rows had already taken
+            before = (self.writer.last_row or {}).get("elapsed_s") or 0.0
+            clock0 = time.perf_counter() - self._fixed_cost.seconds["start"] - before
             start = self._set_up(clock0)
         except Exception as exc:  # recorded as a failed run; the caller decides how loud to be
             self._fail(exc)
