@@ -252,13 +252,12 @@ def _trial(wb: Workbook, name: str, effect: dict, i: int) -> dict:
             v = r.verdict
             if r.decision == "keep":  # the next trial compares against the pinned baseline again
                 wb.rollback(0)
-    low, high = v.interval or (None, None)
     truth = truth_of(effect)
     speed = _speed_file(wb, None if effect["changes"] is None else r)
     foreign = (speed or {}).get("foreign_cores") or []
     return {"effect": name, "trial": i, "decision": v.decision, "expected": effect["expected"], "ratio": v.speedup,
             "interval": v.interval, "half_width": v.noise_band, "pairs": v.pairs, "path": v.path,
-            "covered": low is not None and low <= truth <= high, "parts": v.parts, "reason": v.reason,
+            "covered": _holds(v.interval, truth), "parts": v.parts, "reason": v.reason,
             "wall_s": time.perf_counter() - t0, "load_1min": load.summary(),
             "foreign_cores_median": statistics.median(foreign) if foreign else None}
 
@@ -307,6 +306,11 @@ def item_validity(trials: int = 20, work: Path = WORK, log=print, effects: dict 
             "wall_s": time.perf_counter() - t_start}
 
 
+def _holds(interval: list[float] | None, truth: float) -> bool:
+    """Whether a trial's interval (None: it gave none) holds `truth`."""
+    return interval is not None and interval[0] <= truth <= interval[1]
+
+
 def _rates(done: list[dict], state: dict, effects: dict = EFFECTS) -> dict:
     out = {}
     for name in effects:
@@ -320,11 +324,9 @@ def _rates(done: list[dict], state: dict, effects: dict = EFFECTS) -> dict:
                      "truths": _truth_ratios(state[name]),
                      "standalone": (state[name]["standalone"] or {}).get("interval95"),
                      # against the truth over every measurement (a trial recorded its coverage of the truth so far)
-                     "covered": sum(t["interval"] is not None and t["interval"][0] <= truth <= t["interval"][1]
-                                    for t in rows),
+                     "covered": sum(_holds(t["interval"], truth) for t in rows),
                      # against the truth of each trial's hour (`truth_at`): the must for long-run truths
-                     "covered_at_its_time": sum(t["interval"] is not None and t["interval"][0]
-                                                <= truth_at(state[name], t["trial"]) <= t["interval"][1]
+                     "covered_at_its_time": sum(_holds(t["interval"], truth_at(state[name], t["trial"]))
                                                 for t in rows),
                      "as_expected": sum(t["decision"] == t["expected"] for t in rows),
                      "decisions": {d: sum(t["decision"] == d for t in rows)
